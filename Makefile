@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test proto bench sims clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml deploy/install_engine.sh
+	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found (GenTorrent needs Python 3.11)"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	bash deploy/install_engine.sh $(BIN)/python
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m gentorrent.demo
+
+# pytest exits 5 when it collects no test: that is a failure here, never a green run.
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+proto: setup
+	$(BIN)/python -m gentorrent.wire.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,187 @@
+"""Node keys: the Ed25519 identity, the X25519 onion key, and how they live on disk.
+
+A node *is* its Ed25519 key: the node id is SHA-256 of the raw public key, so it can be
+checked by anyone holding the key and cannot be chosen freely. The X25519 onion key is a
+separate key (never derive one from the other: the two are used by different protocols and
+a compromise of the onion key must not let anyone sign as the node). The committee's registry
+binds both keys and the TLS certificate to the node id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+NODE_ID_BYTES = 32
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+_RAW = serialization.Encoding.Raw
+_RAW_PUB = serialization.PublicFormat.Raw
+_PEM = serialization.Encoding.PEM
+_PKCS8 = serialization.PrivateFormat.PKCS8
+_NOENC = serialization.NoEncryption()
+
+
+class KeyFormatError(ValueError):
+    """A key file or key encoding is malformed."""
+
+
+class SignatureError(ValueError):
+    """A signature does not verify under the claimed key."""
+
+
+def node_id_of(public_key: bytes) -> bytes:
+    """The node id bound to an Ed25519 public key (raw 32 bytes)."""
+    if len(public_key) != PUBLIC_KEY_BYTES:
+        raise KeyFormatError(f"an Ed25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+    return hashlib.sha256(public_key).digest()
+
+
+def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> None:
+    """Raise SignatureError unless `signature` is a valid Ed25519 signature of `message`."""
+    if len(signature) != SIGNATURE_BYTES:
+        raise SignatureError(f"an Ed25519 signature is {SIGNATURE_BYTES} bytes, got {len(signature)}")
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+    except (InvalidSignature, ValueError) as exc:
+        raise SignatureError("signature does not verify") from exc
+
+
+def is_valid_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    try:
+        verify_signature(public_key, signature, message)
+    except (SignatureError, KeyFormatError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An Ed25519 signing identity."""
+
+    private_key: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> "Identity":
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> "Identity":
+        """Deterministic identity, for seeded simulations and golden test vectors only."""
+        if len(seed) != 32:
+            raise KeyFormatError("an Ed25519 seed is 32 bytes")
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    @property
+    def public_key(self) -> bytes:
+        return self.private_key.public_key().public_bytes(_RAW, _RAW_PUB)
+
+    @property
+    def node_id(self) -> bytes:
+        return node_id_of(self.public_key)
+
+    @property
+    def node_id_hex(self) -> str:
+        return self.node_id.hex()
+
+    def sign(self, message: bytes) -> bytes:
+        return self.private_key.sign(message)
+
+    def seed(self) -> bytes:
+        """Raw private seed; only for writing key files and exporting to CometBFT."""
+        return self.private_key.private_bytes(_RAW, serialization.PrivateFormat.Raw, _NOENC)
+
+    def to_pem(self) -> bytes:
+        return self.private_key.private_bytes(_PEM, _PKCS8, _NOENC)
+
+    @classmethod
+    def from_pem(cls, data: bytes) -> "Identity":
+        key = _load_private_pem(data)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise KeyFormatError("not an Ed25519 private key")
+        return cls(key)
+
+    def __repr__(self) -> str:  # never print key material
+        return f"Identity(node_id={self.node_id_hex[:16]}…)"
+
+
+@dataclass(frozen=True)
+class OnionKey:
+    """An X25519 key for onion establishment (DESIGN.md §3.2)."""
+
+    private_key: X25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> "OnionKey":
+        return cls(X25519PrivateKey.generate())
+
+    @property
+    def public_key(self) -> bytes:
+        return self.private_key.public_key().public_bytes(_RAW, _RAW_PUB)
+
+    def to_pem(self) -> bytes:
+        return self.private_key.private_bytes(_PEM, _PKCS8, _NOENC)
+
+    @classmethod
+    def from_pem(cls, data: bytes) -> "OnionKey":
+        key = _load_private_pem(data)
+        if not isinstance(key, X25519PrivateKey):
+            raise KeyFormatError("not an X25519 private key")
+        return cls(key)
+
+    def __repr__(self) -> str:
+        return f"OnionKey(public={self.public_key.hex()[:16]}…)"
+
+
+def x25519_public(raw: bytes) -> X25519PublicKey:
+    if len(raw) != PUBLIC_KEY_BYTES:
+        raise KeyFormatError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(raw)}")
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+def _load_private_pem(data: bytes):
+    try:
+        return serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise KeyFormatError(f"cannot read private key: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- on disk
+
+
+@dataclass(frozen=True)
+class NodeKeys:
+    """The key material of one node home directory."""
+
+    identity: Identity
+    onion: OnionKey
+
+    IDENTITY_FILE = "identity.key.pem"
+    ONION_FILE = "onion.key.pem"
+
+    @classmethod
+    def load_or_create(cls, home: Path) -> "NodeKeys":
+        """Keys of the node at `home`, created on first use (files are 0600)."""
+        home = Path(home)
+        home.mkdir(parents=True, exist_ok=True)
+        identity = Identity.from_pem(_read_or_write(home / cls.IDENTITY_FILE, lambda: Identity.generate().to_pem()))
+        onion = OnionKey.from_pem(_read_or_write(home / cls.ONION_FILE, lambda: OnionKey.generate().to_pem()))
+        return cls(identity, onion)
+
+
+def _read_or_write(path: Path, make) -> bytes:
+    if path.exists():
+        return path.read_bytes()
+    data = make()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return data

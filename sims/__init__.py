@@ -1,0 +1,1 @@
+"""GenTorrent sims package."""

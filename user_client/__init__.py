@@ -1,0 +1,1 @@
+"""GenTorrent user_client package."""

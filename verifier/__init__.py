@@ -1,0 +1,1 @@
+"""GenTorrent verifier package."""
