@@ -1,0 +1,124 @@
+"""TOML configuration files of node homes, validated against the config dataclasses.
+
+Each section of a node's `config.toml` fills one frozen dataclass of `gentorrent.config`
+(or a role's own dataclass). Validation is strict because a silently ignored typo in a
+distributed system shows up hours later as "the gossip interval is wrong on one node": an
+unknown section or key, or a value of the wrong type, is a `ConfigError` that names the file,
+the key, and the closest known key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+from gentorrent import config as cfg
+
+#: sections every node understands; roles add their own
+COMMON_SECTIONS: dict[str, type] = {
+    "wire": cfg.WireLimits,
+    "cloves": cfg.CloveParams,
+    "routing": cfg.RoutingParams,
+    "reputation": cfg.ReputationParams,
+    "epochs": cfg.EpochParams,
+    "consensus": cfg.ConsensusTimeouts,
+    "model_node": cfg.ModelNodeParams,
+}
+
+MAX_CONFIG_BYTES = 256 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration file is unreadable, malformed, or names something unknown."""
+
+
+def load(path: Path, schema: Mapping[str, type] = COMMON_SECTIONS) -> dict[str, Any]:
+    """Parse `path` into {section: dataclass instance}; absent sections get defaults."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return parse(doc, schema, str(path))
+
+
+def parse(doc: Mapping[str, Any], schema: Mapping[str, type], source: str = "config") -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for section, values in doc.items():
+        if section not in schema:
+            raise ConfigError(f"{source}: unknown section [{section}]{_hint(section, schema)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        result[section] = _build(schema[section], values, f"{source}: {section}")
+    for section, cls in schema.items():
+        result.setdefault(section, cls())
+    return result
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{where}.{key}: unknown key{_hint(key, fields)}")
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _coerce(value: Any, expected: Any, where: str) -> Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected in (int, float, str, bool):
+        if type(value) is not expected:
+            raise ConfigError(f"{where}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    origin = typing.get_origin(expected)
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = {a for a in typing.get_args(expected) if a is not Ellipsis} or {Any}
+        items = [v if item is Any else _coerce(v, item, where) for v in value]
+        return tuple(items) if origin is tuple else items
+    return value
+
+
+def _hint(name: str, known: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+
+
+def render(sections: Mapping[str, Any]) -> str:
+    """A documented TOML file holding `sections` (what `init` commands write into a home)."""
+    lines = ["# GenTorrent node configuration. Unknown keys are rejected by name.", ""]
+    for name, obj in sections.items():
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(obj):
+            lines.append(f"{f.name} = {_toml_value(getattr(obj, f.name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {type(value).__name__} to TOML")

@@ -1,0 +1,154 @@
+"""Starting and stopping a set of node processes on one machine (the devnet, end-to-end tests).
+
+Every process gets its own session (so a node's engine subprocesses die with it), a log file
+in one folder, and a line in a state file. `stop` reads the state file back, so `gt-devnet
+down` run from another shell stops exactly what `up` started and nothing else: a pid is only
+signalled while its command line still matches what was recorded (pids get reused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+STATE_FILE = "processes.json"
+
+
+@dataclass(frozen=True)
+class Managed:
+    name: str
+    pid: int
+    argv: tuple[str, ...]
+    log: str
+
+
+class Supervisor:
+    """Owns the processes it spawned under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.logs = self.root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> Managed:
+        if name in self._procs and self._procs[name].poll() is None:
+            raise RuntimeError(f"{name} is already running")
+        log_path = self.logs / f"{name}.log"
+        log = open(log_path, "ab")
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+        log.close()
+        self._procs[name] = proc
+        managed = Managed(name, proc.pid, tuple(argv), str(log_path))
+        self._record(managed)
+        return managed
+
+    def alive(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def exit_code(self, name: str) -> int | None:
+        return self._procs[name].poll()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal one node's whole process group (used by fault-injection tests)."""
+        proc = self._procs[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                proc.wait(timeout=30)
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        stop_recorded(self.root, grace_s)
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.wait(timeout=5)
+        self._procs.clear()
+
+    def _record(self, managed: Managed) -> None:
+        state = _read_state(self.root)
+        state[managed.name] = asdict(managed)
+        (self.root / STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+def stop_recorded(root: Path, grace_s: float = 15.0) -> list[str]:
+    """SIGTERM then SIGKILL every recorded process that is still ours; returns names stopped."""
+    state = _read_state(Path(root))
+    live = {name: m for name, m in state.items() if _is_ours(m)}
+    for m in live.values():
+        _signal_group(m["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_is_ours(m) for m in live.values()):
+        time.sleep(0.2)
+    for m in live.values():
+        if _is_ours(m):
+            _signal_group(m["pid"], signal.SIGKILL)
+    state_path = Path(root) / STATE_FILE
+    if state_path.exists():
+        state_path.unlink()
+    return sorted(live)
+
+
+def _read_state(root: Path) -> dict:
+    path = root / STATE_FILE
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+
+
+def _is_ours(m: dict) -> bool:
+    """True while pid is alive and still runs the recorded command (not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{m['pid']}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{m['pid']}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # zombie: exited, waiting to be reaped
+        return False
+    return [c.decode(errors="replace") for c in cmdline if c] == list(m["argv"])
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
+               progress: Callable[[str], None] | None = None, poll_s: float = 0.5) -> None:
+    """Poll `check` until true; raise TimeoutError naming `what` (and show progress)."""
+    start = time.monotonic()
+    last_note = start
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # a node that is still starting may refuse connections
+            pass
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        if progress and now - last_note >= 5:
+            progress(f"  … still waiting for {what} ({now - start:.0f}s)")
+            last_note = now
+        time.sleep(poll_s)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv running `module` with this interpreter (works before console scripts exist)."""
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,33 @@
+"""The process supervisor stops what it started, and only that."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gentorrent.supervisor import Supervisor, stop_recorded, wait_until
+
+
+def test_stop_recorded_stops_own_processes_and_spares_others(tmp_path):
+    sup = Supervisor(tmp_path)
+    sup.spawn("sleeper", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_until(lambda: b"up" in (tmp_path / "logs" / "sleeper.log").read_bytes(), 10, "sleeper output")
+        stopped = stop_recorded(tmp_path, grace_s=5)   # as `down` from another shell would
+        assert stopped == ["sleeper"]
+        wait_until(lambda: not sup.alive("sleeper"), 5, "sleeper exit")
+        assert bystander.poll() is None
+        assert stop_recorded(tmp_path) == []
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_killed_node_is_reported_dead(tmp_path):
+    sup = Supervisor(tmp_path)
+    sup.spawn("victim", [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert sup.alive("victim")
+    sup.kill("victim")
+    assert not sup.alive("victim") and sup.exit_code("victim") == -9
+    sup.stop_all(grace_s=1)
