@@ -9,12 +9,13 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml deploy/install_engine.sh
+$(STAMP): pyproject.toml deploy/install_engine.sh deploy/install_system.sh
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found (GenTorrent needs Python 3.11)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	bash deploy/install_engine.sh $(BIN)/python
+	bash deploy/install_system.sh
 	@touch $(STAMP)
 
 demo: setup

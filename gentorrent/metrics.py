@@ -49,6 +49,11 @@ async def serve_metrics(metrics: NodeMetrics, host: str, port: int) -> tuple[web
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    return await serve_app(app, host, port)
+
+
+async def serve_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve an aiohttp app on host:port (0 picks a free port); returns runner and port."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
