@@ -21,6 +21,7 @@ class WireLimits:
     max_clove_bytes: int = 1024 * 1024 + 4096  # one S-IDA clove on the wire
     max_prompt_bytes: int = 512 * 1024  # a prompt or chat transcript, UTF-8
     max_tx_bytes: int = 64 * 1024  # one committee transaction
+    max_abci_message_bytes: int = 64 * 1024 * 1024  # one ABCI socket frame (FinalizeBlock carries a block)
     rpc_timeout_s: float = 10.0  # default deadline of every unary RPC
 
 
@@ -45,6 +46,29 @@ class CloveParams:
 
 CLOVES = CloveParams()
 
+
+@dataclass(frozen=True)
+class OverlayParams:
+    """Relay state bounds and the user/model-node timers of the anonymous overlay (issue 5)."""
+
+    max_paths: int = 20_000  # hop entries one relay holds
+    max_paths_per_peer: int = 512  # hop entries created by one predecessor
+    replay_window: int = 65_536  # digests of recently relayed blobs remembered
+    pad_bucket_bytes: int = 512  # inner payloads are padded to a multiple of this
+    max_pending_groups: int = 1024  # cloves of undecoded messages held (intake and user)
+    reassembly_timeout_s: float = 120.0  # an undecoded group is forgotten after this
+    first_reply_timeout_s: float = 60.0  # no reply from a model node: try another one
+    reply_idle_timeout_s: float = 60.0  # silence between two chunks of a streamed reply
+    establish_timeout_s: float = 5.0  # one path establishment, end to end
+    forward_timeout_s: float = 5.0  # one clove forwarded along a path, end to end
+    maintenance_interval_s: float = 5.0  # path manager: expiry, renewal, repair
+    build_attempts: int = 8  # tries to build one path before giving up for this round
+    max_model_attempts: int = 3  # model nodes tried per ask
+    max_routes: int = 16  # reply routes accepted in one query
+
+
+OVERLAY = OverlayParams()
+
 # --------------------------------------------------------------------------- routing
 
 
@@ -52,16 +76,32 @@ CLOVES = CloveParams()
 class RoutingParams:
     """HR-tree, Sentry, gossip and load balancing (DESIGN.md §3.4, paper §3.3, A2, A3)."""
 
-    hash_bits: int = 8  # bits per chunk hash
+    hash_bits: int = 8  # bits per chunk hash (1..16)
     match_depth_threshold: int = 2  # tau_c: minimum matched depth to follow the tree
-    load_threshold: float = 1.0  # max relative load (active / capacity) of a forward target
-    default_chunk_length: int = 32  # L entries when the Sentry has found no system prompt
-    max_tree_depth: int = 256
+    # Max relative load (active requests / capacity score) of a forward target. A capacity
+    # score point is meant as "about 4 concurrent requests served at full speed", so 4.0
+    # sends a request to a cache holder until it runs ~4 requests per score point.
+    load_threshold: float = 4.0
+    default_chunk_length: int = 32  # chunk length beyond the Sentry's array L
+    max_tree_depth: int = 256  # chunks per prompt the tree follows (longer prompts truncate)
     gossip_interval_s: float = 5.0
     peer_silence_s: float = 20.0  # a peer silent this long drops out of the group
     sentry_refresh_requests: int = 10_000
     group_split_size: int = 50
     hash_seed: int = 0x67746F72  # seed of the universal hash ("gtor"), same on every node
+    # HR-tree memory and delta bounds
+    default_kv_capacity_tokens: int = 262_144  # a node's own subtree budget until it reports one
+    max_subtree_nodes: int = 16_384  # tree nodes one origin may hold (bounds deltas: ~2 B/node)
+    max_node_id_bytes: int = 64
+    # Sentry (paper Appendix A3)
+    sentry_separator_tokens: int = 16  # delta: chunk after each detected system prompt
+    sentry_sample_size: int = 128  # recent prompt heads a node keeps for detection
+    sentry_max_prefix_tokens: int = 8192  # longest system prompt the Sentry can detect
+    sentry_min_prefix_tokens: int = 64  # shorter common prefixes are not system prompts
+    sentry_min_support: float = 0.05  # share of sampled requests a prefix needs, group-wide
+    sentry_max_prompts: int = 8  # at most this many system-prompt lengths in L
+    sentry_max_entries: int = 32  # prefix statistics one node exports per epoch
+    sentry_seal_timeout_s: float = 15.0  # compute L without silent members' stats after this
 
 
 ROUTING = RoutingParams()
@@ -80,6 +120,7 @@ class ReputationParams:
     abnormal_threshold: float = 0.5  # tau, calibrated on honest sampling noise (issue 7)
     untrusted_below: float = 0.4
     initial_reputation: float = 1.0
+    sticky_untrusted: bool = False  # True: once untrusted, never trusted again (account review)
 
 
 REPUTATION = ReputationParams()
@@ -89,10 +130,44 @@ REPUTATION = ReputationParams()
 class EpochParams:
     epoch_blocks: int = 20  # committee heights per verification epoch
     score_tolerance: float = 0.02  # ProcessProposal accepts leader scores within this
-    challenge_max_tokens: int = 64
+    challenge_max_tokens: int = 128  # honest-noise tests need ~128 tokens (verifier/epochs/scoring.py)
+    max_probed_nodes: int = 64  # model nodes challenged per epoch (a seeded sample beyond this)
+    challenge_nonce_bytes: int = 32
+    max_question_chars: int = 600  # a generated challenge question is cut/rejected beyond this
+    chain_id: str = "gentorrent"  # mixed into the VRF leader-election input
 
 
 EPOCHS = EpochParams()
+
+
+@dataclass(frozen=True)
+class ScoringParams:
+    """Credibility of one challenge reply from one teacher-forced pass (verifier/epochs/scoring.py).
+
+    Every test compares what the reply shows with what honest sampling from the reference model
+    (with the challenge's sampling parameters) would show at the same positions, and costs
+    nothing within z_tolerance standard errors plus a slack for cross-engine numeric noise.
+    The defaults are a starting point; bench/detection.py calibrates them (and tau above) on
+    honest sampling noise of the real reference model.
+    """
+
+    mode: str = "combined"  # "combined" (default) or "inv_ppl" (the paper's 1/PPL alone)
+    top_k: int = 20  # reference top-k logprobs requested per position
+    z_tolerance: float = 3.0  # |z| up to this costs nothing (honest: ~0.3 % of replies per test)
+    z_scale: float = 1.0  # beyond it each test multiplies credibility by exp(-(|z| - tol) / scale)
+    # noise floors added (in quadrature) to each test's standard error, for cross-engine
+    # numeric differences (bf16 kernels, batch shapes) that do not shrink with reply length:
+    gap_slack_nats: float = 0.05  # mean log-prob gap of in-top-k tokens, nats per token
+    top1_slack: float = 0.02  # share of reference-top-1 tokens
+    tail_slack: float = 0.02  # share of tokens outside the reference top-k
+    dispersion_slack: float = 0.20  # mean squared gap, nats^2
+    tie_nats: float = 0.10  # a token this close to the sampling support's edge counts as inside
+    support_allowance: float = 0.03  # share of out-of-support tokens that costs nothing
+    max_out_of_support: float = 0.15  # share of out-of-support tokens that drives credibility to 0
+    min_tokens: int = 1  # a reply with fewer scored tokens has credibility 0
+
+
+SCORING = ScoringParams()
 
 # --------------------------------------------------------------------------- consensus
 
@@ -131,15 +206,55 @@ CONSENSUS_FAST = ConsensusTimeouts(
 
 @dataclass(frozen=True)
 class ModelNodeParams:
+    """A model node's engine and service limits (issue 3)."""
+
     min_capacity: int = 1
     max_capacity: int = 10
+    default_capacity: int = 5
     default_model: str = "smollm2-135m"
     max_new_tokens: int = 1024
+    default_max_tokens: int = 256  # when a request leaves max_tokens at 0
     cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE per engine on CPU machines
-    max_queued_requests: int = 64  # beyond this a node answers "busy"
+    max_running_requests: int = 16  # vLLM max_num_seqs: requests decoded together
+    max_queued_requests: int = 64  # beyond running + this many a node answers "busy"
+    max_model_len: int = 8192  # context cap (the model's own may be smaller)
+    # float32 on CPU: bf16 flips near-tied greedy choices of SmolLM2 (measured, issue 3) and
+    # makes prompt_logprobs differ from decode logprobs by ~1e-2; "auto" (bf16) on GPUs.
+    cpu_dtype: str = "float32"
+    gpu_dtype: str = "auto"
+    # sampling bounds checked before a request reaches the engine
+    max_temperature: float = 2.0
+    max_top_k: int = 1000
+    max_stop_strings: int = 8
+    max_stop_chars: int = 128
+    max_chat_messages: int = 256
+    max_score_top_k: int = 20  # alternatives per position a scoring call may ask for
+    engine_start_timeout_s: float = 600.0
+    shutdown_grace_s: float = 5.0
 
 
 MODEL_NODE = ModelNodeParams()
+
+# --------------------------------------------------------------------------- simulators
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """Scenario constants of the sims/ simulators (paper §4.1, §4.2, §5.2); n, k, l come
+    from CloveParams."""
+
+    anonymity_users: int = 10_000  # N of the anonymity and confidentiality figures
+    churn_users: int = 3_119  # network size of the churn figure
+    churn_leaves_per_min: int = 200  # as many join, so the size stays constant
+    churn_duration_min: float = 30.0
+    garlic_walk_hops: int = 6  # Garlic Cast random-walk length
+    onion_path_length: int = 3  # single-path onion routing (Tor-like, 3 relays)
+    # our path repair: a relay's neighbour sees the gRPC stream drop and the user learns of it
+    # (and has rebuilt the path) this long after the relay left
+    repair_detect_s: float = 10.0
+
+
+SIMS = SimParams()
 
 
 @dataclass(frozen=True)
@@ -148,6 +263,7 @@ class Defaults:
 
     wire: WireLimits = field(default_factory=WireLimits)
     cloves: CloveParams = field(default_factory=CloveParams)
+    overlay: OverlayParams = field(default_factory=OverlayParams)
     routing: RoutingParams = field(default_factory=RoutingParams)
     reputation: ReputationParams = field(default_factory=ReputationParams)
     epochs: EpochParams = field(default_factory=EpochParams)

@@ -267,6 +267,11 @@ class ModelNodeStub:
                 request_serializer=gentorrent__pb2.Empty.SerializeToString,
                 response_deserializer=gentorrent__pb2.HealthReply.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/gentorrent.v1.ModelNode/Score',
+                request_serializer=gentorrent__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=gentorrent__pb2.ScoreReply.FromString,
+                _registered_method=True)
 
 
 class ModelNodeServicer:
@@ -311,6 +316,13 @@ class ModelNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Score(self, request, context):
+        """teacher-forced log-probabilities of a given continuation (verifiers' reference scoring)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -343,6 +355,11 @@ def add_ModelNodeServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=gentorrent__pb2.Empty.FromString,
                     response_serializer=gentorrent__pb2.HealthReply.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=gentorrent__pb2.ScoreRequest.FromString,
+                    response_serializer=gentorrent__pb2.ScoreReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -507,6 +524,33 @@ class ModelNode:
             '/gentorrent.v1.ModelNode/Health',
             gentorrent__pb2.Empty.SerializeToString,
             gentorrent__pb2.HealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gentorrent.v1.ModelNode/Score',
+            gentorrent__pb2.ScoreRequest.SerializeToString,
+            gentorrent__pb2.ScoreReply.FromString,
             options,
             channel_credentials,
             insecure,

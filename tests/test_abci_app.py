@@ -1,0 +1,395 @@
+"""RegistryApp: every tx kind, CheckTx refusals, determinism, persistence, crash replay, directory."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gentorrent.config import REPUTATION
+from gentorrent.crypto.keys import Identity, OnionKey
+from gentorrent.crypto.tls import make_self_signed
+from gentorrent.wire import gentorrent_pb2 as pb
+from verifier.abci import app as appmod
+from verifier.abci import txs
+from verifier.abci.app import RegistryApp, decode_directory, directory_section_hashes
+from verifier.abci.interface import BlockContext, ValidatorInfo, app_hash_of
+from verifier.abci.sections import DirectoryFormatError
+from verifier.abci.store import StoreError
+
+VALIDATORS = [Identity.from_seed(bytes([100 + i]) * 32) for i in range(4)]
+GENESIS_MS = 1_700_000_000_000
+
+
+@dataclass(frozen=True)
+class Node:
+    identity: Identity
+    cert: bytes
+    onion: bytes
+
+    @classmethod
+    def make(cls, seed: int) -> "Node":
+        ident = Identity.from_seed(bytes([seed]) * 32)
+        return cls(ident, make_self_signed(ident).cert_pem, OnionKey.generate().public_key)
+
+    @property
+    def hex(self) -> str:
+        return self.identity.node_id_hex
+
+    def reg_user(self, seq: int, address: str = "127.0.0.1:7000", region: str = "eu") -> bytes:
+        return txs.register_user(self.identity, address, self.onion, self.cert, region, seq)
+
+    def reg_model(self, seq: int, capacity: int = 5, model: str = "smollm2-135m") -> bytes:
+        return txs.register_model(self.identity, "127.0.0.1:9000", model, capacity, self.cert, seq)
+
+
+NODES = [Node.make(i) for i in range(1, 7)]
+
+
+def new_app(path: Path) -> RegistryApp:
+    app = RegistryApp(path)
+    app.init_chain("gt-test", [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], b"{}", GENESIS_MS)
+    return app
+
+
+def ctx(height: int) -> BlockContext:
+    return BlockContext(height=height, time_ms=GENESIS_MS + 1000 * height,
+                        proposer=VALIDATORS[height % 4].public_key, hash=bytes([height % 256]) * 32)
+
+
+def run_block(app: RegistryApp, height: int, block: list[bytes]) -> tuple:
+    res = app.finalize_block(block, ctx(height))
+    app.commit()
+    return res
+
+
+def codes(res) -> list[int]:
+    return [r.code for r in res.tx_results]
+
+
+@pytest.fixture
+def app(tmp_path):
+    a = new_app(tmp_path / "state.db")
+    yield a
+    a.close()
+
+
+def test_every_tx_kind_is_applied_and_queried(app):
+    user, model = NODES[0], NODES[1]
+    assert codes(run_block(app, 1, [user.reg_user(1), model.reg_model(1, capacity=3)])) == [0, 0]
+    q = app.query(f"/user/{user.hex}")
+    assert q.code == 0 and q.height == 1
+    entry = pb.UserEntry.FromString(q.value)
+    assert entry.address == "127.0.0.1:7000" and entry.onion_key == user.onion and entry.region == "eu"
+    assert entry.registered_height == 1 and entry.public_key == user.identity.public_key
+    m = appmod.decode_model(app.query(f"/model/{model.hex}").value)
+    assert (m.capacity, m.model, m.reputation, m.trusted) == (3, "smollm2-135m", REPUTATION.initial_reputation, True)
+    assert appmod.decode_user(q.value).node_id == user.identity.node_id
+    with pytest.raises(DirectoryFormatError):
+        appmod.decode_user(b"\xff")
+
+    update_u = txs.update_user(user.identity, "10.1.1.1:7100", user.onion, user.cert, "us", 2)
+    update_m = txs.update_model(model.identity, "10.1.1.2:9100", "gemma3-270m", 9, model.cert, 2)
+    assert codes(run_block(app, 2, [update_u, update_m])) == [0, 0]
+    entry = pb.UserEntry.FromString(app.query(f"/user/{user.hex}").value)
+    assert (entry.address, entry.region, entry.registered_height, entry.updated_height) == ("10.1.1.1:7100", "us", 1, 2)
+    m = pb.ModelEntry.FromString(app.query(f"/model/{model.hex}").value)
+    assert (m.address, m.model, m.capacity, m.registered_height, m.updated_height) == (
+        "10.1.1.2:9100", "gemma3-270m", 9, 1, 2)
+    assert json.loads(app.query(f"/account/{user.identity.public_key.hex()}").value) == {"last_sequence": 2}
+
+    d = decode_directory(app.query("/directory").value)
+    assert [u.node_id for u in d.users] == [user.identity.node_id]
+    assert d.model(model.identity.node_id).capacity == 9 and len(d.trusted_models("gemma3-270m")) == 1
+
+    gone = [txs.deregister_user(user.identity, 3), txs.deregister_model(model.identity, 3)]
+    assert codes(run_block(app, 3, gone)) == [0, 0]
+    assert app.query(f"/user/{user.hex}").code == appmod.CODE_NOT_FOUND
+    assert app.query(f"/model/{model.hex}").code == appmod.CODE_NOT_FOUND
+    d = decode_directory(app.query("/directory").value)
+    assert d.users == () and d.models == () and d.height == 3
+    info = json.loads(app.query("/info").value)
+    assert info["height"] == 3 and info["users"] == 0 and info["app_hash"] == app.info().last_block_app_hash.hex()
+
+
+def test_stateful_rules(app):
+    a, b = NODES[0], NODES[1]
+    res = run_block(app, 1, [
+        a.reg_user(5),
+        a.reg_user(6),  # already registered
+        txs.update_user(b.identity, "127.0.0.1:1", b.onion, b.cert, "eu", 1),  # not registered
+        txs.deregister_model(a.identity, 7),  # a is a user, not a model
+        a.reg_model(8),  # the same identity may also run a model node
+    ])
+    assert codes(res) == [0, txs.CODE_ALREADY_REGISTERED, txs.CODE_NOT_REGISTERED, txs.CODE_NOT_REGISTERED, 0]
+    assert res.tx_results[0].events == (("kind", "register_user"), ("node_id", a.hex), ("sequence", "5"))
+    # a failed tx does not consume its sequence: b may still use 1
+    assert codes(run_block(app, 2, [b.reg_user(1), a.reg_user(4)])) == [0, txs.CODE_REPLAY]
+
+
+def _state_fingerprint(app: RegistryApp) -> tuple:
+    return app.info(), app.query("/directory").value, app.query("/info").value
+
+
+def test_check_tx_refuses_bad_input_without_state_change(app):
+    a, b = NODES[0], NODES[1]
+    good = a.reg_user(1)
+    signed = pb.SignedTx.FromString(good)
+    bad_sig = pb.SignedTx(body=signed.body, signature=bytes(64)).SerializeToString()
+    body = pb.TxBody.FromString(signed.body)
+    body.register_user.onion_key = b"short"
+    body_bytes = body.SerializeToString(deterministic=True)
+    bad_field = pb.SignedTx(body=body_bytes, signature=a.identity.sign(txs.TX_SIGNING_DOMAIN + body_bytes))
+    before = _state_fingerprint(app)
+    cases = {
+        "bad signature": (bad_sig, txs.CODE_BAD_SIGNATURE),
+        "malformed field": (bad_field.SerializeToString(), txs.CODE_INVALID_FIELD),
+        "garbage": (b"\x00\x01\x02", txs.CODE_MALFORMED),
+        "oversize": (b"\x0a" * (64 * 1024 + 1), txs.CODE_OVERSIZE),
+    }
+    for name, (raw, code) in cases.items():
+        res = app.check_tx(raw)
+        assert res.code == code, name
+        assert res.log, name  # a clear reason, never a silent refusal
+    assert app.check_tx(good).ok
+    dup = app.check_tx(good)
+    assert dup.code == txs.CODE_REPLAY and "sequence" in dup.log
+    assert app.check_tx(a.reg_user(2)).code == txs.CODE_ALREADY_REGISTERED  # pending in the mempool
+    assert app.check_tx(b.reg_user(1)).ok
+    assert _state_fingerprint(app) == before  # CheckTx never touches committed state
+
+    run_block(app, 1, [good])
+    assert app.check_tx(good).code == txs.CODE_REPLAY  # replay of a committed tx
+    assert app.check_tx(b.reg_user(1)).ok  # mempool view was reset to the new state: recheck passes
+
+
+def test_replay_after_deregistration_is_refused(app, tmp_path):
+    a = NODES[0]
+    register = a.reg_user(1)
+    run_block(app, 1, [register, txs.deregister_user(a.identity, 2)])
+    assert app.query(f"/user/{a.hex}").code == appmod.CODE_NOT_FOUND
+    assert app.check_tx(register).code == txs.CODE_REPLAY
+    before = app.info()
+    res = run_block(app, 2, [register])
+    assert codes(res) == [txs.CODE_REPLAY]
+    assert app.query(f"/user/{a.hex}").code == appmod.CODE_NOT_FOUND
+    assert before.last_block_app_hash != res.app_hash  # height moved on, but nothing else:
+    other = new_app(tmp_path / "other.db")
+    run_block(other, 1, [register, txs.deregister_user(a.identity, 2)])
+    assert run_block(other, 2, []).app_hash == res.app_hash
+    other.close()
+
+
+def test_invalid_txs_in_a_block_change_nothing(tmp_path):
+    a, b = NODES[0], NODES[1]
+    x, y = new_app(tmp_path / "x.db"), new_app(tmp_path / "y.db")
+    good = a.reg_user(1)
+    junk = [b"\x00", pb.SignedTx(body=b"\x08\x01", signature=bytes(64)).SerializeToString(), good,
+            b.reg_model(1, capacity=1)[:-1]]
+    rx = run_block(x, 1, junk)
+    ry = run_block(y, 1, [good])
+    assert codes(rx)[2] == 0 and all(c != 0 for i, c in enumerate(codes(rx)) if i != 2)
+    assert rx.app_hash == ry.app_hash
+    x.close(), y.close()
+
+
+def test_prepare_and_process_proposal(app):
+    a, b, c = NODES[0], NODES[1], NODES[2]
+    mempool = [a.reg_user(1), a.reg_user(1), b"\x00junk", b.reg_model(1), c.reg_user(1)]
+    chosen = app.prepare_proposal(mempool, 10**6, ctx(1))
+    assert chosen == [mempool[0], mempool[3], mempool[4]]
+    assert app.process_proposal(chosen, ctx(1))
+    assert not app.process_proposal(mempool, ctx(1))  # a duplicate and junk: reject the block
+    assert not app.process_proposal(chosen, ctx(5))  # not the next height
+    limit = len(mempool[0]) + 11
+    assert app.prepare_proposal(mempool, limit, ctx(1)) == [mempool[0]]
+    assert app.prepare_proposal(mempool, 0, ctx(1)) == []
+    assert app.info().last_block_height == 0  # proposals are simulations
+
+
+def _blocks() -> list[list[bytes]]:
+    a, b, c, d = NODES[:4]
+    return [
+        [a.reg_user(1), b.reg_model(1, capacity=2)],
+        [],
+        [c.reg_user(1, region="ap"), txs.update_model(b.identity, "127.0.0.1:9999", "smollm2-135m", 4, b.cert, 2)],
+        [d.reg_model(1), a.reg_user(1), txs.deregister_user(c.identity, 2)],
+        [txs.update_user(a.identity, "127.0.0.1:7777", a.onion, a.cert, "eu", 9)],
+    ]
+
+
+def test_two_apps_fed_the_same_blocks_agree(tmp_path):
+    x, y = new_app(tmp_path / "x.db"), new_app(tmp_path / "y.db")
+    assert x.info() == y.info()
+    hashes = set()
+    for h, block in enumerate(_blocks(), start=1):
+        rx, ry = run_block(x, h, block), run_block(y, h, block)
+        assert rx == ry
+        assert x.info() == y.info()
+        hashes.add(rx.app_hash)
+    assert len(hashes) == len(_blocks())  # every height has its own app hash
+    assert x.query("/directory").value == y.query("/directory").value
+    z = new_app(tmp_path / "z.db")
+    blocks = _blocks()
+    blocks[2] = blocks[2][:1]  # one registration fewer: another state, another hash
+    for h, block in enumerate(blocks, start=1):
+        rz = run_block(z, h, block)
+    assert rz.app_hash != rx.app_hash
+    for a in (x, y, z):
+        a.close()
+
+
+def test_restart_resumes_and_crash_between_finalize_and_commit_replays(tmp_path):
+    blocks = _blocks()
+    ref = new_app(tmp_path / "ref.db")
+    ref_hashes = [run_block(ref, h, b).app_hash for h, b in enumerate(blocks, start=1)]
+
+    path = tmp_path / "node.db"
+    app = new_app(path)
+    for h in (1, 2, 3):
+        run_block(app, h, blocks[h - 1])
+    crashed = app.finalize_block(blocks[3], ctx(4))  # ... and the process dies before Commit
+    assert crashed.app_hash == ref_hashes[3]
+    app.close()
+
+    app = RegistryApp(path)
+    assert app.info().last_block_height == 3
+    assert app.info().last_block_app_hash == ref_hashes[2]
+    assert app.query("/directory").value != b""
+    with pytest.raises(appmod.AppError):
+        app.init_chain("gt-test", [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], b"{}", GENESIS_MS)
+    assert run_block(app, 4, blocks[3]).app_hash == ref_hashes[3]  # replay of the lost block
+    assert run_block(app, 5, blocks[4]).app_hash == ref_hashes[4]
+    app.close()
+    reopened = RegistryApp(path)
+    assert reopened.info() == ref.info()
+    assert reopened.query("/directory").value == ref.query("/directory").value
+    reopened.close(), ref.close()
+
+
+def test_finalize_twice_before_commit_keeps_only_the_last(app):
+    a, b = NODES[0], NODES[1]
+    app.finalize_block([a.reg_user(1)], ctx(1))
+    res = app.finalize_block([b.reg_user(1)], ctx(1))
+    app.commit()
+    assert app.info().last_block_app_hash == res.app_hash
+    assert app.query(f"/user/{a.hex}").code == appmod.CODE_NOT_FOUND
+    assert app.query(f"/user/{b.hex}").code == 0
+
+
+def test_a_damaged_store_is_refused(tmp_path):
+    path = tmp_path / "s.db"
+    app = new_app(path)
+    run_block(app, 1, [NODES[0].reg_user(1)])
+    app.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE accounts SET last_sequence = 0")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="does not match"):
+        RegistryApp(path)
+
+
+def test_directory_value_recomputes_the_app_hash(app):
+    run_block(app, 1, [NODES[0].reg_user(1), NODES[1].reg_model(1), NODES[2].reg_user(1)])
+    value = app.query("/directory").value
+    assert app_hash_of(directory_section_hashes(value)) == app.info().last_block_app_hash
+    d = decode_directory(value)
+    assert d.app_hash == app.info().last_block_app_hash and d.height == 1
+    assert [u.node_id for u in d.users] == sorted(n.identity.node_id for n in (NODES[0], NODES[2]))
+
+    tampered = pb.DirectoryValue.FromString(value)
+    users = pb.UsersSection.FromString(tampered.users_section)
+    users.users[0].address = "6.6.6.6:666"
+    tampered.users_section = users.SerializeToString(deterministic=True)
+    assert decode_directory(tampered.SerializeToString()).app_hash != app.info().last_block_app_hash
+
+    unbound = pb.DirectoryValue.FromString(value)
+    users = pb.UsersSection.FromString(unbound.users_section)
+    users.users[0].public_key = NODES[5].identity.public_key  # id no longer bound to the key
+    unbound.users_section = users.SerializeToString(deterministic=True)
+    with pytest.raises(DirectoryFormatError):
+        decode_directory(unbound.SerializeToString())
+    with pytest.raises(DirectoryFormatError):
+        decode_directory(b"\xff\xff")
+    with pytest.raises(DirectoryFormatError):
+        directory_section_hashes(pb.DirectoryValue(height=1).SerializeToString())
+
+
+def test_query_errors(app):
+    assert app.query("/nope").code == appmod.CODE_UNKNOWN_PATH
+    assert app.query("/user/xyz").code == appmod.CODE_BAD_QUERY
+    assert app.query("/user/" + "A" * 64).code == appmod.CODE_BAD_QUERY
+    assert app.query("/directory", height=7).code == appmod.CODE_BAD_HEIGHT
+    assert app.query("/directory", height=0).code == 0
+    assert json.loads(app.query("/account/" + "00" * 32).value) == {"last_sequence": 0}
+
+
+def test_lifecycle_misuse(tmp_path):
+    fresh = RegistryApp(tmp_path / "f.db")
+    assert fresh.info().last_block_height == 0 and fresh.info().last_block_app_hash == b""
+    assert fresh.check_tx(NODES[0].reg_user(1)).code == appmod.CODE_NOT_INITIALIZED
+    assert fresh.query("/directory").code == appmod.CODE_NOT_INITIALIZED
+    with pytest.raises(appmod.AppError):
+        fresh.finalize_block([], ctx(1))
+    with pytest.raises(ValueError):
+        fresh.init_chain("c", [ValidatorInfo(b"short", 1)], b"", 0)
+    with pytest.raises(ValueError):
+        fresh.init_chain("c", [ValidatorInfo(VALIDATORS[0].public_key, 1)], b"[1]", 0)
+    h1 = fresh.init_chain("c", [ValidatorInfo(VALIDATORS[0].public_key, 1)], b"", 0)
+    h2 = fresh.init_chain("c", [ValidatorInfo(VALIDATORS[0].public_key, 1)], b"", 0)  # re-init at height 0
+    assert h1 == h2 == fresh.info().last_block_app_hash
+    with pytest.raises(appmod.AppError):
+        fresh.commit()
+    run_block(fresh, 1, [])
+    with pytest.raises(appmod.AppError):
+        fresh.finalize_block([], ctx(3))
+    fresh.close()
+
+
+def _random_tx(rng, seqs: dict) -> bytes:
+    node = rng.choice(NODES)
+    key = node.identity.public_key
+    seq = seqs.get(key, 0) + 1 if rng.random() < 0.85 else max(1, seqs.get(key, 0))  # some replays
+    seqs[key] = max(seqs.get(key, 0), seq)
+    kind = rng.choice(txs.KINDS)
+    if kind in ("register_user", "update_user"):
+        return getattr(txs, kind)(node.identity, f"127.0.0.1:{rng.randint(1, 65535)}", node.onion, node.cert,
+                                  rng.choice(["eu", "us", "ap"]), seq)
+    if kind in ("register_model", "update_model"):
+        return getattr(txs, kind)(node.identity, "127.0.0.1:9000", rng.choice(["a", "b"]), rng.randint(1, 10),
+                                  node.cert, seq)
+    return getattr(txs, kind)(node.identity, seq)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_histories_agree_across_restarts_and_crashes(tmp_path, seed):
+    import random
+
+    rng = random.Random(seed)
+    seqs: dict = {}
+    blocks = [[_random_tx(rng, seqs) for _ in range(rng.randint(0, 6))] for _ in range(20)]
+    steady = new_app(tmp_path / "steady.db")
+    seen_codes: set[int] = set()
+    path = tmp_path / "flaky.db"
+    flaky = new_app(path)
+    for h, block in enumerate(blocks, start=1):
+        expected = run_block(steady, h, block)
+        seen_codes |= set(codes(expected))
+        if rng.random() < 0.3:  # crash after FinalizeBlock, before Commit
+            assert flaky.finalize_block(block, ctx(h)).app_hash == expected.app_hash
+            flaky.close()
+            flaky = RegistryApp(path)
+            assert flaky.info().last_block_height == h - 1
+        got = run_block(flaky, h, block)
+        assert got == expected
+        if rng.random() < 0.3:  # clean restart
+            flaky.close()
+            flaky = RegistryApp(path)
+        assert flaky.info() == steady.info()
+        assert flaky.query("/directory").value == steady.query("/directory").value
+    assert {0, txs.CODE_REPLAY, txs.CODE_ALREADY_REGISTERED, txs.CODE_NOT_REGISTERED} <= seen_codes
+    steady.close(), flaky.close()

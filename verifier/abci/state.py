@@ -1,0 +1,214 @@
+"""The registry's replicated state and the deterministic rules that change it (pure).
+
+`CommittedState` is what was last made durable; every other view of the state (the block
+being finalized, the mempool's CheckTx view, a proposal being simulated) is a `StateView`:
+a copy-on-write overlay that reads through to the committed state and records its own
+changes, so it can be thrown away (a rejected proposal, a new height for the mempool) or
+folded into the committed state by `Commit` at the cost of the changes only.
+
+Sections (interface.SECTIONS): meta (chain id, height, time, validators, account sequences),
+users, models (with reputation and trusted flag for issue 7), epochs (issue 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Generic, Iterator, TypeVar
+
+from gentorrent.config import REPUTATION
+from gentorrent.wire import gentorrent_pb2 as pb
+from verifier.abci import sections as sec
+from verifier.abci.interface import SECTIONS, TxResult, app_hash_of
+from verifier.abci.sections import ModelRecord, UserRecord
+from verifier.abci.txs import (CODE_ALREADY_REGISTERED, CODE_NOT_REGISTERED, CODE_OK, CODE_REPLAY,
+                               CODE_UNAUTHORIZED, COMMITTEE_KINDS, ModelInfo, Tx, TxError, UserInfo, decode_tx)
+
+K = TypeVar("K")
+V = TypeVar("V")
+_DELETED = object()
+
+
+class Overlay(Generic[K, V]):
+    """A dict view: reads fall through to `base`; writes and deletions stay in `changes`."""
+
+    def __init__(self, base: dict[K, V]):
+        self.base = base
+        self.changes: dict[K, object] = {}
+
+    def get(self, key: K) -> V | None:
+        if key in self.changes:
+            value = self.changes[key]
+            return None if value is _DELETED else value  # type: ignore[return-value]
+        return self.base.get(key)
+
+    def set(self, key: K, value: V) -> None:
+        self.changes[key] = value
+
+    def delete(self, key: K) -> None:
+        self.changes[key] = _DELETED
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """All live items, sorted by key (the canonical order of every section)."""
+        keys = sorted(set(self.base) | set(self.changes))  # type: ignore[type-var]
+        for key in keys:
+            value = self.get(key)
+            if value is not None:
+                yield key, value
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.items())
+
+    def effective_changes(self) -> dict[K, V | None]:
+        """Changes as {key: new value or None for deleted}."""
+        return {k: (None if v is _DELETED else v) for k, v in self.changes.items()}  # type: ignore[misc]
+
+
+@dataclass
+class CommittedState:
+    """The last durable state (its section encodings are cached: most blocks touch few)."""
+
+    chain_id: str = ""
+    height: int = 0
+    time_ms: int = 0
+    validators: tuple[tuple[bytes, int], ...] = ()
+    users: dict[bytes, UserRecord] = field(default_factory=dict)
+    models: dict[bytes, ModelRecord] = field(default_factory=dict)
+    accounts: dict[bytes, int] = field(default_factory=dict)
+    #: the epochs section as a message (issue 7 adds its fields to EpochsSection); treat as
+    #: immutable: a view that changes it replaces it with a modified copy
+    epochs: pb.EpochsSection = field(default_factory=pb.EpochsSection)
+    initialized: bool = False
+    _cache: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    def section_bytes(self, name: str, make: Callable[[], bytes]) -> bytes:
+        if name not in self._cache:
+            self._cache[name] = make()
+        return self._cache[name]
+
+    def invalidate(self, *names: str) -> None:
+        for n in names:
+            self._cache.pop(n, None)
+
+
+class StateView:
+    """A speculative state on top of a CommittedState; see the module docstring."""
+
+    def __init__(self, base: CommittedState):
+        self.base = base
+        self.chain_id = base.chain_id
+        self.height = base.height
+        self.time_ms = base.time_ms
+        self.validators = base.validators
+        self.epochs = base.epochs
+        self.users: Overlay[bytes, UserRecord] = Overlay(base.users)
+        self.models: Overlay[bytes, ModelRecord] = Overlay(base.models)
+        self.accounts: Overlay[bytes, int] = Overlay(base.accounts)
+
+    # ------------------------------------------------------------------ encodings and hashes
+
+    def section_bytes(self) -> dict[str, bytes]:
+        b = self.base
+        meta = sec.encode_meta(self.chain_id, self.height, self.time_ms, self.validators, self.accounts.items())
+        users = (b.section_bytes("users", lambda: sec.encode_users(b.users[k] for k in sorted(b.users)))
+                 if not self.users.changes else sec.encode_users(v for _, v in self.users.items()))
+        models = (b.section_bytes("models", lambda: sec.encode_models(b.models[k] for k in sorted(b.models)))
+                  if not self.models.changes else sec.encode_models(v for _, v in self.models.items()))
+        epochs = sec.encode_epochs(self.epochs)
+        return {"meta": meta, "users": users, "models": models, "epochs": epochs}
+
+    def section_hashes(self) -> dict[str, bytes]:
+        return {name: sec.section_hash(data) for name, data in self.section_bytes().items()}
+
+    def app_hash(self) -> bytes:
+        return app_hash_of(self.section_hashes())
+
+    def directory_value(self) -> bytes:
+        data = self.section_bytes()
+        return sec.encode_directory(self.height, data["users"], data["models"], sec.section_hash(data["meta"]),
+                                    sec.section_hash(data["epochs"]))
+
+    # ------------------------------------------------------------------ transactions
+
+    def is_validator(self, public_key: bytes) -> bool:
+        return any(k == public_key for k, _ in self.validators)
+
+    def deliver(self, raw: bytes) -> TxResult:
+        """Check and apply one transaction; a failed one changes nothing."""
+        try:
+            tx = decode_tx(raw)
+            self._check(tx)
+        except TxError as exc:
+            return TxResult(code=exc.code, log=str(exc))
+        self._apply(tx)
+        return TxResult(code=CODE_OK, log="ok",
+                        events=(("kind", tx.kind), ("node_id", tx.node_id.hex()), ("sequence", str(tx.sequence))))
+
+    def _check(self, tx: Tx) -> None:
+        last = self.accounts.get(tx.signer) or 0
+        if tx.sequence <= last:
+            raise TxError(CODE_REPLAY, f"sequence {tx.sequence} already used: the signer's last sequence is {last}")
+        if tx.kind in COMMITTEE_KINDS and not self.is_validator(tx.signer):
+            raise TxError(CODE_UNAUTHORIZED, f"{tx.kind} may only be signed by a committee member")
+        table = self.users if tx.kind.endswith("_user") else self.models
+        exists = table.get(tx.node_id) is not None
+        if tx.kind.startswith("register_") and exists:
+            raise TxError(CODE_ALREADY_REGISTERED, f"node {tx.node_id.hex()[:16]} is already registered; "
+                                                   f"use update_{tx.kind.split('_', 1)[1]}")
+        if not tx.kind.startswith("register_") and not exists:
+            raise TxError(CODE_NOT_REGISTERED, f"node {tx.node_id.hex()[:16]} is not registered")
+
+    def _apply(self, tx: Tx) -> None:
+        """Issue 7 adds its epoch / reputation kinds here: they change `self.epochs` (a new
+        EpochsSection) and `self.models` (records rebuilt with `dataclasses.replace`)."""
+        self.accounts.set(tx.signer, tx.sequence)
+        node_id = tx.node_id
+        if tx.kind in ("register_user", "update_user"):
+            info = tx.payload
+            assert isinstance(info, UserInfo)
+            old = self.users.get(node_id)
+            self.users.set(node_id, UserRecord(
+                node_id=node_id, public_key=tx.signer, address=info.address, onion_key=info.onion_key,
+                tls_cert_pem=info.tls_cert_pem, region=info.region,
+                registered_height=old.registered_height if old else self.height, updated_height=self.height))
+        elif tx.kind in ("register_model", "update_model"):
+            info = tx.payload
+            assert isinstance(info, ModelInfo)
+            old_m = self.models.get(node_id)
+            if old_m is None:
+                reputation = REPUTATION.initial_reputation
+                record = ModelRecord(
+                    node_id=node_id, public_key=tx.signer, address=info.address, model=info.model,
+                    capacity=info.capacity, tls_cert_pem=info.tls_cert_pem, reputation=reputation,
+                    trusted=reputation >= REPUTATION.untrusted_below, registered_height=self.height,
+                    updated_height=self.height)
+            else:  # an update keeps reputation and trust: they are the committee's, not the node's
+                record = replace(old_m, address=info.address, model=info.model, capacity=info.capacity,
+                                 tls_cert_pem=info.tls_cert_pem, updated_height=self.height)
+            self.models.set(node_id, record)
+        elif tx.kind == "deregister_user":
+            self.users.delete(node_id)
+        elif tx.kind == "deregister_model":
+            self.models.delete(node_id)
+        else:  # decode_tx only lets known kinds through
+            raise AssertionError(tx.kind)
+
+    # ------------------------------------------------------------------ folding into the base
+
+    def fold_into_base(self) -> None:
+        """Make this view the committed state (after the store has written it)."""
+        b = self.base
+        b.chain_id, b.height, b.time_ms = self.chain_id, self.height, self.time_ms
+        b.validators, b.epochs = self.validators, self.epochs
+        for overlay, table, name in ((self.users, b.users, "users"), (self.models, b.models, "models"),
+                                     (self.accounts, b.accounts, "accounts")):
+            if overlay.changes:
+                b.invalidate(name)
+            for key, value in overlay.effective_changes().items():
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = value  # type: ignore[index]
+            overlay.changes = {}
+
+
+assert SECTIONS == ("meta", "users", "models", "epochs")
