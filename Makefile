@@ -28,5 +28,11 @@ test: setup
 proto: setup
 	$(BIN)/python -m gentorrent.wire.generate
 
+# Regenerate every simulator figure into results/sims/ (CSV, markdown, PNG).
+sims: setup
+	$(BIN)/python -m sims.anonymity
+	$(BIN)/python -m sims.confidentiality
+	$(BIN)/python -m sims.churn
+
 clean:
 	rm -rf $(VENV) build *.egg-info
