@@ -1,0 +1,221 @@
+"""Embedded Tendermint committee throughput: prints ONE JSON line.
+
+Mode: 4 separate `gt-verifier` processes (RegistryApp on SQLite, WAL + fsync'd sign state)
+talking gRPC over TLS on 127.0.0.1, with CONSENSUS_FAST timeouts. Goal (DESIGN.md §6):
+>= 20 heights/s.
+
+Phase 1, idle: heights per second over `--idle-s` seconds, and the block interval (time
+between consecutive block timestamps) p50 / p99.
+Phase 2, load: `--txs` user registrations (distinct identities, pre-built) submitted
+round-robin to the four verifiers, `--inflight` at a time; transactions per second (first
+submit -> last commit) and commit latency per transaction (submit -> timestamp of the next
+block, which the next proposer stamps right after the commit) p50 / p99.
+
+    .venv/bin/python bench/consensus.py [--idle-s 10] [--txs 600] [--inflight 16] [--png F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gentorrent.crypto.keys import Identity, OnionKey  # noqa: E402
+from gentorrent.crypto.tls import connect, make_self_signed  # noqa: E402
+from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
+from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
+from verifier.abci import txs as txlib  # noqa: E402
+from verifier.consensus.types import Block, sha256  # noqa: E402
+from verifier.genesis import Genesis  # noqa: E402
+
+
+def free_base_port(n: int) -> int:
+    for _ in range(200):
+        base = random.randrange(20000, 60000)
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+async def stubs(genesis: Genesis):
+    out = []
+    for v in genesis.validators:
+        ch = await connect(v.address, v.tls_cert_pem, timeout=30)
+        out.append((ch, rpc.VerifierStub(ch)))
+    return out
+
+
+async def wait_height(stub, height: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = await stub.Status(pb.Empty(), timeout=5)
+        if st.height >= height:
+            return st.height
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"committee stuck below height {height}")
+
+
+async def blocks(stub, start: int, end: int) -> list[Block]:
+    out = []
+    h = start
+    while h <= end:
+        got = 0
+        async for item in stub.GetBlocks(pb.BlockRangeRequest(from_height=h, to_height=end), timeout=30):
+            out.append(Block.decode(item.block))
+            got += 1
+        if not got:
+            break
+        h += got
+    return out
+
+
+def registrations(n: int) -> list[bytes]:
+    out = []
+    for k in range(n):
+        ident = Identity.generate()
+        cert = make_self_signed(ident).cert_pem
+        out.append(txlib.register_user(ident, f"127.0.0.1:{20000 + k}", OnionKey.generate().public_key,
+                                       cert, "bench", 1))
+    return out
+
+
+async def run(args) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="gt-bench-consensus-"))
+    init = subprocess.run([sys.executable, "-m", "verifier.cli", "--log-level", "WARNING", "init",
+                           "--validators", "4", "--out", str(tmp), "--base-port", str(free_base_port(4)),
+                           "--timeouts", "fast", "--chain-id", "bench"], cwd=ROOT, capture_output=True, text=True)
+    if init.returncode:
+        raise RuntimeError(init.stderr)
+    homes = [tmp / f"v{i}" for i in range(4)]
+    genesis = Genesis.load(homes[0])
+    procs = [subprocess.Popen([sys.executable, "-m", "verifier.cli", "--log-level", "WARNING", "start",
+                               "--home", str(h)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for h in homes]
+    try:
+        txs = registrations(args.txs)
+        conns = await stubs(genesis)
+        stub0 = conns[0][1]
+        await wait_height(stub0, 5)
+
+        # phase 1: idle heights/s
+        h0 = (await stub0.Status(pb.Empty(), timeout=5)).height
+        t0 = time.monotonic()
+        await asyncio.sleep(args.idle_s)
+        h1 = (await stub0.Status(pb.Empty(), timeout=5)).height
+        t1 = time.monotonic()
+        idle_blocks = await blocks(stub0, h0, h1)
+        stamps = np.array([b.header.time_ms for b in idle_blocks], dtype=float)
+        intervals = np.diff(stamps)
+
+        # phase 2: load
+        submitted: dict[bytes, float] = {}
+        queue = list(enumerate(txs))
+        start_h = (await stub0.Status(pb.Empty(), timeout=5)).height
+
+        async def worker() -> None:
+            while queue:
+                k, tx = queue.pop()
+                submitted[sha256(tx)] = time.time()
+                reply = await conns[k % 4][1].SubmitTx(pb.TxRequest(tx=tx), timeout=10)
+                if reply.code != 0:
+                    raise RuntimeError(f"tx refused: {reply.log}")
+
+        load_t0 = time.time()
+        await asyncio.gather(*(worker() for _ in range(args.inflight)))
+        committed: dict[bytes, float] = {}
+        deadline = time.monotonic() + 120
+        h = start_h + 1
+        while len(committed) < len(txs) and time.monotonic() < deadline:
+            top = await wait_height(stub0, h)
+            bl = await blocks(stub0, h, top)
+            for b, nxt in zip(bl, bl[1:]):
+                for tx in b.txs:
+                    committed[sha256(tx)] = nxt.header.time_ms / 1000
+            h = bl[-1].height if len(bl) > 1 else h
+            await asyncio.sleep(0.1)
+        latencies = np.array([(committed[k] - submitted[k]) * 1000 for k in committed])
+        load_end = max(committed.values()) if committed else time.time()
+        for ch, _ in conns:
+            await ch.close()
+        if args.png:
+            plot(args.png, intervals, latencies)
+        return {
+            "bench": "consensus",
+            "mode": "4 gt-verifier processes, gRPC/TLS on 127.0.0.1, RegistryApp+SQLite, CONSENSUS_FAST",
+            "cpu_cores": os.cpu_count(),
+            "heights_per_s": round((h1 - h0) / (t1 - t0), 2),
+            "block_interval_ms_p50": round(float(np.percentile(intervals, 50)), 1),
+            "block_interval_ms_p99": round(float(np.percentile(intervals, 99)), 1),
+            "txs": len(txs),
+            "txs_committed": len(committed),
+            "tps": round(len(committed) / max(1e-9, load_end - load_t0), 1),
+            "tx_commit_latency_ms_p50": round(float(np.percentile(latencies, 50)), 1) if len(latencies) else None,
+            "tx_commit_latency_ms_p99": round(float(np.percentile(latencies, 99)), 1) if len(latencies) else None,
+            "goal_heights_per_s": 20,
+        }
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        subprocess.run(["rm", "-rf", str(tmp)])
+
+
+def plot(path: str, intervals: np.ndarray, latencies: np.ndarray) -> None:
+    """CDFs of the block interval (idle) and of the transaction commit latency (load)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, data, title in ((axes[0], intervals, "block interval, idle (ms)"),
+                            (axes[1], latencies, "tx commit latency, under load (ms)")):
+        xs = np.sort(data)
+        ax.plot(xs, np.arange(1, len(xs) + 1) / max(1, len(xs)))
+        ax.set_xlabel(title)
+        ax.set_ylabel("CDF")
+        ax.grid(alpha=0.3)
+    fig.suptitle("4 gt-verifier processes, loopback, CONSENSUS_FAST")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--idle-s", type=float, default=10.0)
+    ap.add_argument("--txs", type=int, default=600)
+    ap.add_argument("--inflight", type=int, default=16)
+    ap.add_argument("--png", help="also write CDFs of block interval and tx latency to this PNG")
+    args = ap.parse_args()
+    print(json.dumps(asyncio.run(run(args))))
+
+
+if __name__ == "__main__":
+    main()

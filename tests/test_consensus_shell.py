@@ -1,0 +1,136 @@
+"""The node shell in-process (a committee of one, RegistryApp): bad input is refused without
+harm, and a node killed between storing a block and committing it replays it on start."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import grpc
+import pytest
+
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.crypto.tls import connect
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from consensus_netkit import Member, free_base_port
+from verifier import cli
+from verifier.consensus.blockstore import BlockStore
+from verifier.consensus.home import DATA_DIR, validator_set_of
+from verifier.consensus.node import CODE_IN_MEMPOOL, CODE_OVERSIZE, VerifierNode
+from verifier.consensus.types import Commit, CommitSig, Vote, VoteType, encode_message, make_block
+from verifier.genesis import Genesis
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def home(tmp_path):
+    assert cli.main(["--log-level", "WARNING", "init", "--validators", "1", "--out", str(tmp_path),
+                     "--base-port", str(free_base_port(1)), "--timeouts", "fast"]) == 0
+    return tmp_path / "v0"
+
+
+async def until(predicate, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.05)
+
+
+async def test_bad_input_is_refused_and_the_node_goes_on(home):
+    node = VerifierNode(home)
+    await node.start()
+    genesis = Genesis.load(home)
+    channel = await connect(genesis.validators[0].address, genesis.validators[0].tls_cert_pem)
+    stub = rpc.VerifierStub(channel)
+    try:
+        await until(lambda: node.host.height >= 2)
+        ack = await stub.Consensus(pb.ConsensusMessage(payload=b"\x02garbage"), timeout=5)
+        assert not ack.ok and ack.reason.startswith("malformed")
+        ack = await stub.Consensus(pb.ConsensusMessage(payload=b""), timeout=5)
+        assert not ack.ok
+        # a well-formed vote with a bad signature is ignored
+        forged = Vote(VoteType.PREVOTE, node.driver.height, 0, b"\x01" * 32, 0, b"\x00" * 64)
+        assert (await stub.Consensus(pb.ConsensusMessage(payload=encode_message(forged)), timeout=5)).ok
+        assert not node.driver.sm.votes.has_vote(forged)
+
+        reply = await stub.SubmitTx(pb.TxRequest(tx=b"\x00" * (70 * 1024)), timeout=5)
+        assert reply.code == CODE_OVERSIZE
+        reply = await stub.SubmitTx(pb.TxRequest(tx=b"not a transaction"), timeout=5)
+        assert reply.code != 0 and reply.log
+        member = Member(1)
+        tx = member.register()
+        # twice within one turn of the event loop: no block can take it out in between
+        assert (await node.submit_tx(tx, forwarded=False)).code == 0
+        assert (await node.submit_tx(tx, forwarded=False)).code == CODE_IN_MEMPOOL
+        await until(lambda: len(node.mempool) == 0)
+        q = await stub.Query(pb.QueryRequest(path=f"/user/{member.identity.node_id_hex}"), timeout=5)
+        assert q.code == 0  # committed
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub.GetBlocks(pb.BlockRangeRequest(from_height=0, to_height=5), timeout=5):
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        q = await stub.Query(pb.QueryRequest(path="/no/such/path"), timeout=5)
+        assert q.code != 0 and "unknown" in q.log
+        health = await stub.Health(pb.Empty(), timeout=5)
+        assert health.serving and health.role == "verifier"
+        before = node.host.height
+        await until(lambda: node.host.height > before + 3)  # still deciding
+    finally:
+        await channel.close()
+        await node.stop()
+
+
+async def test_a_block_stored_but_not_executed_is_replayed_on_start(home):
+    node = VerifierNode(home)
+    await node.start()
+    await until(lambda: node.host.height >= 3)
+    await node.stop()
+
+    # forge the crash: block h+1 decided and stored, the app never executed it
+    genesis = Genesis.load(home)
+    vals = validator_set_of(genesis)
+    identity = NodeKeys.load_or_create(home).identity
+    store = BlockStore(home / DATA_DIR / "blocks.sqlite")
+    h = store.height
+    last, last_commit = store.load(h)
+    from verifier.abci.app import RegistryApp
+    app = RegistryApp(home / DATA_DIR / "app.sqlite")
+    app_hash = app.info().last_block_app_hash
+    assert app.info().last_block_height == h
+    app.close()
+    block = make_block(genesis.chain_id, h + 1, last.header.time_ms + 1, identity.public_key, last.hash(),
+                       last_commit, (), vals, app_hash)
+    vote = Vote(VoteType.PRECOMMIT, h + 1, 0, block.hash(), 0)
+    commit = Commit(h + 1, 0, block.hash(), (CommitSig(identity.public_key, identity.sign(vote.sign_bytes(genesis.chain_id))),))
+    store.save(block, commit)
+    store.close()
+
+    again = VerifierNode(home)
+    await again.start()
+    try:
+        assert again.app.info().last_block_height >= h + 1  # replayed into the app on start
+        await until(lambda: again.host.height >= h + 3)
+        assert again.store.load(h + 1)[0].hash() == block.hash()
+    finally:
+        await again.stop()
+
+
+async def test_a_store_ahead_by_a_block_that_does_not_match_is_refused(home):
+    node = VerifierNode(home)
+    await node.start()
+    await until(lambda: node.host.height >= 2)
+    await node.stop()
+    genesis = Genesis.load(home)
+    identity = NodeKeys.load_or_create(home).identity
+    store = BlockStore(home / DATA_DIR / "blocks.sqlite")
+    h = store.height
+    last, last_commit = store.load(h)
+    bogus = make_block(genesis.chain_id, h + 1, last.header.time_ms + 1, identity.public_key, last.hash(),
+                       last_commit, (), validator_set_of(genesis), b"\x13" * 32)
+    store.save(bogus, dataclasses.replace(last_commit, height=h + 1, block_hash=bogus.hash()))
+    store.close()
+    with pytest.raises(Exception, match="app hash"):
+        await VerifierNode(home).start()

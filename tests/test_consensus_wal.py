@@ -1,0 +1,186 @@
+"""Write-ahead log + signer: a validator killed at any point never signs two different votes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from consensus_simnet import CHAIN, KvHost, identities
+from gentorrent.config import CONSENSUS_FAST
+from verifier.consensus.driver import Broadcast, DoubleSignError, Driver, TimeoutFired
+from verifier.consensus.privval import PrivValidator
+from verifier.consensus.types import (NIL, Proposal, Step, Validator, ValidatorSet, Vote, VoteType)
+from verifier.consensus.wal import WriteAheadLog
+
+IDS = identities(4, seed=99)
+VALS = ValidatorSet([Validator(i.public_key, 1) for i in IDS])
+ME = next(i for i in range(4) if i not in {VALS.proposer(1, r) for r in range(2)})
+
+
+def signed_vote(type_, r, block_hash, who, height=1) -> Vote:
+    v = Vote(type_, height, r, block_hash, who)
+    return Vote(type_, height, r, block_hash, who, IDS[who].sign(v.sign_bytes(CHAIN)))
+
+
+def signed_proposal(r, block, pol=-1) -> Proposal:
+    who = VALS.proposer(1, r)
+    p = Proposal(1, r, pol, block, who)
+    return Proposal(1, r, pol, block, who, IDS[who].sign(p.sign_bytes(CHAIN)))
+
+
+class Validator1:
+    """One validator's durable parts (WAL, sign state) in `home`, and its volatile driver."""
+
+    def __init__(self, home: Path, clock=lambda: 1.0) -> None:
+        self.home = home
+        self.wal = WriteAheadLog(home / "cs.wal")
+        self.privval = PrivValidator(IDS[ME], home / "sign_state.json", before_sign=self.wal.sync)
+        self.host = KvHost(VALS, ME, clock)
+        self.driver = Driver(CHAIN, VALS, ME, self.privval, self.host, CONSENSUS_FAST, journal=self.wal.append)
+        self.sent: list = []
+        self._perform(self.driver.start_height(1, replay=self.wal.events_for_height(1)))
+
+    def _perform(self, effects) -> None:
+        self.sent += [e.message for e in effects if isinstance(e, Broadcast)]
+
+    def receive(self, msg) -> None:
+        self.wal.append(msg)
+        self._perform(self.driver.on_message(msg))
+
+    def timeout(self, step, r) -> None:
+        ev = TimeoutFired(step, 1, r)
+        self.wal.append(ev)
+        self._perform(self.driver.on_timeout(step, 1, r))
+
+
+def kill(home: Path, into: Path) -> Path:
+    """What survives a kill -9 right now: the files as they are on disk (buffers are lost)."""
+    shutil.copytree(home, into)
+    return into
+
+
+def own(sent, type_=None):
+    return [m for m in sent if isinstance(m, Vote) and m.validator == ME and (type_ is None or m.type == type_)]
+
+
+def test_restarted_validator_keeps_its_lock_and_resends_identical_votes(tmp_path):
+    node = Validator1(tmp_path / "a")
+    v = node.host.make_block(1, 0, ())
+    other = [i for i in range(4) if i != ME]
+    node.receive(signed_proposal(0, v))
+    for i in other:
+        node.receive(signed_vote(VoteType.PREVOTE, 0, v.hash(), i))
+    before = own(node.sent)
+    assert [m.type for m in before] == [VoteType.PREVOTE, VoteType.PRECOMMIT]
+    assert node.driver.sm.locked_round == 0
+
+    restarted = Validator1(kill(tmp_path / "a", tmp_path / "b"))
+    assert restarted.driver.sm.locked_value == v and restarted.driver.sm.locked_round == 0
+    assert own(restarted.sent) == before  # same signatures, nothing new
+
+    # round 1 proposes another block: the restarted node is still locked, prevotes nil
+    for i in other:
+        restarted.receive(signed_vote(VoteType.PRECOMMIT, 0, NIL, i))
+    restarted.timeout(Step.PRECOMMIT, 0)
+    w = restarted.host.make_block(1, 1, ())
+    w = type(w)(type(w.header)(**{**w.header.__dict__, "time_ms": w.header.time_ms + 5}), w.txs)
+    restarted.receive(signed_proposal(1, w))
+    assert own(restarted.sent, VoteType.PREVOTE)[-1].block_hash == NIL
+
+
+def test_signer_refuses_a_conflicting_vote_after_restart(tmp_path):
+    node = Validator1(tmp_path / "a")
+    v = node.host.make_block(1, 0, ())
+    node.receive(signed_proposal(0, v))  # prevote for v is signed
+    restarted = Validator1(kill(tmp_path / "a", tmp_path / "b"))
+    conflicting = Vote(VoteType.PREVOTE, 1, 0, NIL, ME).sign_bytes(CHAIN)
+    with pytest.raises(DoubleSignError):
+        restarted.privval.sign(Step.PREVOTE, 1, 0, conflicting)
+    with pytest.raises(DoubleSignError):  # an older step is refused too
+        restarted.privval.sign(Step.PROPOSE, 1, 0, b"anything")
+    same = Vote(VoteType.PREVOTE, 1, 0, v.hash(), ME).sign_bytes(CHAIN)
+    assert restarted.privval.sign(Step.PREVOTE, 1, 0, same) == own(node.sent)[0].signature
+
+
+def test_signature_is_preceded_by_a_wal_sync(tmp_path):
+    node = Validator1(tmp_path / "a")
+    v = node.host.make_block(1, 0, ())
+    syncs = node.wal.syncs
+    node.receive(signed_proposal(0, v))
+    assert node.wal.syncs == syncs + 1 and node.privval.signed_count == 1
+    # the proposal that caused the prevote is on disk before the prevote exists
+    assert WriteAheadLog(kill(tmp_path / "a", tmp_path / "b") / "cs.wal").events_for_height(1)[0].block == v
+
+
+def test_a_torn_wal_tail_is_cut_and_replay_never_double_signs(tmp_path):
+    node = Validator1(tmp_path / "a")
+    v = node.host.make_block(1, 0, ())
+    node.receive(signed_proposal(0, v))
+    for i in [i for i in range(4) if i != ME]:
+        node.receive(signed_vote(VoteType.PREVOTE, 0, v.hash(), i))
+    node.wal.close()
+    data = (tmp_path / "a" / "cs.wal").read_bytes()
+    signed = {(m.type, m.round): m.signature for m in own(node.sent)}
+    full = WriteAheadLog(tmp_path / "a" / "cs.wal").events_for_height(1)
+    for cut in range(0, len(data), max(1, len(data) // 40)):
+        home = tmp_path / f"cut{cut}"
+        shutil.copytree(tmp_path / "a", home)
+        (home / "cs.wal").write_bytes(data[:cut])
+        survived = WriteAheadLog(home / "cs.wal")
+        assert (home / "cs.wal").stat().st_size <= cut  # the torn record is cut off
+        assert survived.events_for_height(1) == full[:len(survived.events_for_height(1))]
+        survived.close()
+        restarted = Validator1(home)
+        for m in own(restarted.sent):  # whatever it sends is exactly what it signed before
+            assert signed[(m.type, m.round)] == m.signature
+        restarted.wal.close()
+
+
+def test_sign_state_survives_a_torn_slot_and_refuses_a_corrupt_file(tmp_path):
+    path = tmp_path / "sign_state.bin"
+    pv = PrivValidator(IDS[0], path)
+    first = pv.sign(Step.PREVOTE, 5, 0, b"vote-a")
+    pv.sign(Step.PRECOMMIT, 5, 0, b"commit-a")
+    pv.close()
+    data = bytearray(path.read_bytes())
+    assert PrivValidator(IDS[0], path).last == (5, 0, 3)
+    data[10] ^= 0xFF  # tear slot 0, where the second (newest) state was written
+    path.write_bytes(bytes(data))
+    back = PrivValidator(IDS[0], path)
+    assert back.last == (5, 0, 2)  # the other slot still holds the previous state
+    assert back.sign(Step.PREVOTE, 5, 0, b"vote-a") == first
+    with pytest.raises(DoubleSignError):
+        back.sign(Step.PREVOTE, 5, 0, b"vote-b")
+    back.close()
+    path.write_bytes(b"\x01" * len(data))
+    with pytest.raises(ValueError, match="corrupt sign state"):
+        PrivValidator(IDS[0], path)
+
+
+def test_rotation_keeps_early_records_of_the_next_height(tmp_path):
+    wal = WriteAheadLog(tmp_path / "cs.wal", rotate_bytes=1)
+    early = signed_vote(VoteType.PREVOTE, 0, NIL, 1, height=2)
+    wal.append(signed_vote(VoteType.PREVOTE, 0, NIL, 0, height=1))
+    wal.append(early)
+    wal.end_height(1)  # rotates: height 1 is dropped, the early height-2 vote is kept
+    wal.append(TimeoutFired(Step.PROPOSE, 2, 0))
+    wal.close()
+    back = WriteAheadLog(tmp_path / "cs.wal")
+    assert back.events_for_height(1) == []
+    assert back.events_for_height(2) == [early, TimeoutFired(Step.PROPOSE, 2, 0)]
+
+
+def test_a_forged_own_vote_in_the_wal_is_not_taken_for_ours(tmp_path):
+    home = tmp_path / "a"
+    node = Validator1(home)
+    forged = Vote(VoteType.PREVOTE, 1, 0, NIL, ME, b"\x00" * 64)  # "from us", badly signed
+    node.receive(forged)  # the shell logs every received message before checking it
+    node.wal.sync()
+    restarted = Validator1(kill(home, tmp_path / "b"))
+    v = restarted.host.make_block(1, 0, ())
+    restarted.receive(signed_proposal(0, v))
+    mine = own(restarted.sent, VoteType.PREVOTE)
+    assert mine and mine[-1].block_hash == v.hash()
+    assert mine[-1].signed_by(CHAIN, IDS[ME].public_key)

@@ -1,0 +1,185 @@
+"""`gt-verifier`: set up, run and inspect a member of the verification committee.
+
+    gt-verifier init --validators 4 --out ./committee [--chain-id ID] [--base-port 26650]
+                     [--host 127.0.0.1] [--timeouts default|fast]
+        keys, TLS certificates and one shared genesis for a committee of N, in N home dirs
+    gt-verifier init --home DIR --join GENESIS --listen HOST:PORT
+        a non-validating node that follows an existing committee (serves queries, relays txs)
+    gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
+        run the node (embedded Tendermint consensus), or serve the application to CometBFT
+    gt-verifier status --home DIR [--address HOST:PORT]
+        height, app hash, peers, last commit time (JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.crypto.tls import TlsError, TlsIdentity, connect
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from verifier.consensus.home import DATA_DIR, NodeConfig
+from verifier.genesis import Genesis, GenesisError, GenesisValidator
+
+log = logging.getLogger("gt-verifier")
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    if args.join:
+        return _init_join(args)
+    if not args.out or args.validators < 1:
+        print("error: init needs --validators N --out DIR (or --home DIR --join GENESIS)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    homes = [out / f"v{i}" for i in range(args.validators)]
+    for home in homes:
+        if (home / "config.json").exists():
+            print(f"error: {home} already holds a verifier; refusing to overwrite it", file=sys.stderr)
+            return 1
+    validators = []
+    for i, home in enumerate(homes):
+        keys = NodeKeys.load_or_create(home)
+        tls = TlsIdentity.load_or_create(home, keys.identity)
+        listen = f"{args.host}:{args.base_port + i}"
+        NodeConfig(moniker=f"v{i}", listen=listen, timeouts=args.timeouts).save(home)
+        validators.append(GenesisValidator(f"v{i}", keys.identity.public_key, 1, listen, tls.cert_pem))
+    genesis = Genesis(args.chain_id, int(time.time() * 1000), tuple(validators), {})
+    for home in homes:
+        genesis.save(home / "genesis.json")
+    print(json.dumps({"chain_id": args.chain_id, "homes": [str(h) for h in homes],
+                      "listen": [v.address for v in validators]}, indent=2))
+    return 0
+
+
+def _init_join(args: argparse.Namespace) -> int:
+    if not args.home or not args.listen:
+        print("error: --join needs --home DIR and --listen HOST:PORT", file=sys.stderr)
+        return 2
+    home = Path(args.home)
+    if (home / "config.json").exists():
+        print(f"error: {home} already holds a verifier", file=sys.stderr)
+        return 1
+    genesis = Genesis.load(Path(args.join))
+    keys = NodeKeys.load_or_create(home)
+    TlsIdentity.load_or_create(home, keys.identity)
+    NodeConfig(moniker=f"observer-{keys.identity.node_id_hex[:8]}", listen=args.listen,
+               timeouts=args.timeouts).save(home)
+    genesis.save(home / "genesis.json")
+    print(json.dumps({"home": str(home), "node_id": keys.identity.node_id_hex,
+                      "validator": False, "chain_id": genesis.chain_id}, indent=2))
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    home = Path(args.home)
+    try:
+        return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard))
+    except (GenesisError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboard: str | None = None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if abci_socket:
+        from verifier.abci.app import RegistryApp
+        from verifier.abci.socket_server import bound_address, serve
+
+        NodeConfig.load(home)
+        app = RegistryApp(home / DATA_DIR / "app.sqlite")
+        server = await serve(app, abci_socket)
+        print(f"serving the ABCI application to CometBFT at {bound_address(server)}", flush=True)
+        await stop.wait()
+        server.close()
+        await server.wait_closed()
+        app.close()
+        return 0
+    from verifier.consensus.node import VerifierNode
+
+    node = VerifierNode(home, listen=listen)
+    await node.start()
+    # --- status page and /metrics (issue 8): read-only views of the running node
+    live = None
+    if dashboard:
+        from verifier.dashboard_live import LiveDashboard
+
+        live = LiveDashboard(node)
+        print(f"dashboard on http://{dashboard.rpartition(':')[0]}:{await live.start(dashboard)}/", flush=True)
+    print(f"gt-verifier {node.config.moniker} listening on port {node.port}, height {node.host.height}",
+          flush=True)
+    await stop.wait()
+    log.info("shutting down")
+    if live is not None:
+        await live.stop()
+    await node.stop()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        reply = asyncio.run(_status(Path(args.home), args.address, args.timeout))
+    except (GenesisError, TlsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    detail = json.loads(reply.json) if reply.json else {}
+    print(json.dumps({"height": reply.height, "app_hash": reply.app_hash.hex(), "peers": list(reply.peers),
+                      "last_commit_time_ms": reply.last_commit_time_ms, "node_id": reply.node_id,
+                      "detail": detail}, indent=2, sort_keys=True))
+    return 0
+
+
+async def _status(home: Path, address: str | None, timeout: float) -> pb.VerifierStatusReply:
+    cfg = NodeConfig.load(home)
+    tls = TlsIdentity.load_or_create(home, NodeKeys.load_or_create(home).identity)
+    channel = await connect(address or cfg.listen, tls.cert_pem, timeout=timeout)
+    try:
+        return await rpc.VerifierStub(channel).Status(pb.Empty(), timeout=timeout)
+    finally:
+        await channel.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gt-verifier", description=__doc__.split("\n")[0])
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("init", help="create homes for a committee, or join one")
+    i.add_argument("--validators", type=int, default=4)
+    i.add_argument("--out", help="directory for the N homes (v0 .. vN-1)")
+    i.add_argument("--chain-id", default="gentorrent-committee")
+    i.add_argument("--host", default="127.0.0.1")
+    i.add_argument("--base-port", type=int, default=26650)
+    i.add_argument("--timeouts", choices=("default", "fast"), default="default")
+    i.add_argument("--join", metavar="GENESIS", help="join the committee of this genesis as an observer")
+    i.add_argument("--home")
+    i.add_argument("--listen")
+    i.set_defaults(func=cmd_init)
+    s = sub.add_parser("start", help="run a verifier")
+    s.add_argument("--home", required=True)
+    s.add_argument("--listen", help="override config.json's listen address")
+    s.add_argument("--dashboard", metavar="HOST:PORT",
+                   help="serve the read-only status page (/, /api/status) and /metrics there")
+    s.add_argument("--abci-socket", metavar="ADDR", help="serve the app to CometBFT instead (tcp://h:p)")
+    s.set_defaults(func=cmd_start)
+    st = sub.add_parser("status", help="ask a running verifier for its status")
+    st.add_argument("--home", required=True)
+    st.add_argument("--address", help="default: the home's listen address")
+    st.add_argument("--timeout", type=float, default=5.0)
+    st.set_defaults(func=cmd_status)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Driver: pure glue between the network's events and the height state machine.
+
+It authenticates messages (signature, proposer of the round), decides the validity of a
+proposed block through the host, turns the machine's outputs into effects the shell performs
+(broadcast, schedule a timeout, decide), signs this node's own votes and proposals through a
+`Signer` (which, in the node, persists its sign state before returning) and feeds them back
+to the machine, buffers messages of the next height that arrive early, and asks for blocks it
+is missing (catch-up). No I/O, no clock: the host answers `make_block`/`validate_block`
+synchronously and deterministically, the shell owns time.
+
+A signed step is never signed twice with different content: own messages of the height are
+remembered (they are also replayed from the write-ahead log after a restart), and a conflicting
+request is dropped with a `Refused` effect instead of being signed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from gentorrent.config import ConsensusTimeouts
+from verifier.consensus.state_machine import (CastVote, Decision, HeightStateMachine, Output,
+                                              ProposeValue, ScheduleTimeout)
+from verifier.consensus.types import (Block, Commit, CommitError, CommitSig,
+                                      DuplicateVoteEvidence, Proposal, Step, ValidatorSet, Vote,
+                                      VoteType, verify_commit)
+from verifier.consensus.votes import AddOutcome
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFERED_FUTURE = 4096  # messages of height + 1 kept until we get there
+MAX_PENDING_EVIDENCE = 1000
+EVIDENCE_MAX_AGE = 10_000  # heights after which equivocation is no longer reported
+
+
+class DoubleSignError(RuntimeError):
+    """A request to sign a step already signed with other content (or an older step)."""
+
+
+class Signer(Protocol):
+    def sign(self, step: Step, height: int, round_: int, sign_bytes: bytes) -> bytes:
+        """Signature of `sign_bytes`; raises DoubleSignError for a conflicting step."""
+
+
+class Host(Protocol):
+    def make_block(self, height: int, round_: int, evidence: tuple[DuplicateVoteEvidence, ...]) -> Block:
+        """A new block for this node to propose at (height, round)."""
+
+    def validate_block(self, block: Block) -> bool:
+        """valid(v): header links, last commit, app's ProcessProposal."""
+
+
+# --------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    message: Proposal | Vote
+
+
+@dataclass(frozen=True)
+class TimeoutFired:
+    """A timer the shell started has expired (an input event, recorded in the WAL)."""
+
+    step: Step
+    height: int
+    round: int
+
+
+@dataclass(frozen=True)
+class StartTimer:
+    step: Step
+    height: int
+    round: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Decide:
+    block: Block
+    commit: Commit
+
+
+@dataclass(frozen=True)
+class NeedBlock:
+    """We lack decided block `height` (peers moved on, or we saw a commit without the block)."""
+
+    height: int
+    peer: int | None  # a validator that has it, if known
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A signature this node refused to give (it would have been a double sign)."""
+
+    step: Step
+    height: int
+    round: int
+    reason: str
+
+
+Effect = Broadcast | StartTimer | Decide | NeedBlock | Refused
+
+
+class Driver:
+    def __init__(self, chain_id: str, validators: ValidatorSet, me: int | None, signer: Signer | None,
+                 host: Host, timeouts: ConsensusTimeouts,
+                 journal: Callable[[Proposal | Vote], None] | None = None) -> None:
+        self.chain_id = chain_id
+        #: called with every own message right after it is signed, before anything else
+        #: happens: the node appends it to the WAL, which the next signature syncs
+        self.journal = journal
+        self.validators = validators
+        self.me = me
+        self.signer = signer
+        self.host = host
+        self.timeouts = timeouts
+        self.sm: HeightStateMachine | None = None
+        self.height = 0
+        self._future: dict[tuple, Proposal | Vote] = {}  # early messages of height + 1
+        self._own: dict[tuple[int, Step], Proposal | Vote] = {}  # (round, step) -> signed msg
+        self._validity: dict[bytes, bool] = {}
+        self.pending_evidence: list[DuplicateVoteEvidence] = []
+        self.committed_evidence: set[DuplicateVoteEvidence] = set()
+        self.decided: Decide | None = None
+
+    # -- events
+
+    def start_height(self, height: int, replay: list["Proposal | Vote | TimeoutFired"] = ()) -> list[Effect]:
+        """Enter `height` (after the previous block was applied by the host).
+
+        `replay` are the events of this height from the write-ahead log of a node that
+        restarted: own signed messages among them are known *before* the machine starts, so
+        it re-proposes and re-votes exactly what it signed before the crash.
+        """
+        self.height = height
+        self.sm = HeightStateMachine(height, self.validators, self.me)
+        self._own = {}
+        self._validity = {}
+        self.decided = None
+        for ev in replay:  # (the WAL also holds received messages: check it is really ours)
+            if (isinstance(ev, (Proposal, Vote)) and ev.height == height and ev.validator == self.me
+                    and ev.signed_by(self.chain_id, self.validators[self.me].public_key)):
+                self._own.setdefault((ev.round, Step.PROPOSE if isinstance(ev, Proposal) else ev.step), ev)
+        effects = self._run(self.sm.start())
+        for ev in replay:
+            if self.decided:
+                break
+            if isinstance(ev, TimeoutFired):
+                effects += self.on_timeout(ev.step, ev.height, ev.round)
+            else:
+                effects += self.on_message(ev)
+        buffered, self._future = list(self._future.values()), {}
+        for msg in buffered:
+            effects += self.on_message(msg)
+        return effects
+
+    def on_message(self, msg: Proposal | Vote) -> list[Effect]:
+        if self.sm is None:
+            return []
+        if msg.height == self.height + 1:
+            if len(self._future) < MAX_BUFFERED_FUTURE:
+                self._future.setdefault(_message_key(msg), msg)
+            # peers are ahead; if we are still here a little later, we fetch the block
+            return [NeedBlock(self.height, msg.validator)]
+        if msg.height > self.height + 1:
+            return [NeedBlock(self.height, msg.validator)]
+        if msg.height < self.height or self.decided:
+            return []
+        if isinstance(msg, Proposal):
+            return self._on_proposal(msg)
+        return self._on_vote(msg)
+
+    def on_timeout(self, step: Step, height: int, round_: int) -> list[Effect]:
+        if self.sm is None or height != self.height or self.decided:
+            return []
+        return self._run(self.sm.on_timeout(step, height, round_))
+
+    def on_decided_block(self, block: Block, commit: Commit) -> list[Effect]:
+        """A block of the current height with its commit, fetched from a peer (catch-up)."""
+        if self.sm is None or block.height != self.height or self.decided:
+            return []
+        try:
+            block.check_internal()
+            verify_commit(commit, self.chain_id, self.validators, block.height, block.hash())
+        except (ValueError, CommitError) as exc:
+            log.warning("rejecting caught-up block %d: %s", block.height, exc)
+            return []
+        self.decided = Decide(block, commit)
+        return [self.decided]
+
+    def rebroadcast(self) -> list[Effect]:
+        """Gossip again what peers may have missed: own messages of the recent rounds and of
+        the valid round, the prevotes that justify our valid value (its proof-of-lock), and
+        the current round's proposal. Without this a lost polka could keep a locked node
+        and the others apart forever."""
+        if self.sm is None or self.sm.decision is not None:
+            return []
+        sm = self.sm
+        keep = {sm.round, sm.round - 1, sm.valid_round, sm.locked_round}
+        recent = [m for (r, _), m in sorted(self._own.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+                  if r in keep]
+        effects: list[Effect] = [Broadcast(m) for m in recent]
+        if sm.valid_value is not None:
+            effects += [Broadcast(v) for v in sm.votes.votes_for(sm.valid_round, VoteType.PREVOTE,
+                                                                  sm.valid_value.hash())]
+        current = sm.proposals.get(sm.round)
+        if current is not None and current.validator != self.me:
+            effects.append(Broadcast(current))
+        if self.sm.missing_block is not None:
+            effects.append(NeedBlock(self.height, None))
+        return effects
+
+    # -- internals
+
+    def _on_proposal(self, p: Proposal) -> list[Effect]:
+        assert self.sm is not None
+        if p.round in self.sm.proposals:
+            return []
+        if p.validator != self.validators.proposer(p.height, p.round):
+            log.debug("proposal from a non-proposer %d at %d/%d", p.validator, p.height, p.round)
+            return []
+        if not p.signed_by(self.chain_id, self.validators[p.validator].public_key):
+            log.debug("badly signed proposal at %d/%d", p.height, p.round)
+            return []
+        if p.validator == self.me:
+            self._own[(p.round, Step.PROPOSE)] = p
+        return self._run(self.sm.on_proposal(p, self._valid(p.block)))
+
+    def _valid(self, block: Block) -> bool:
+        h = block.hash()
+        if h not in self._validity:
+            try:
+                block.check_internal()
+                for ev in block.evidence:
+                    ev.check(self.chain_id, self.validators)
+                    if not block.height - EVIDENCE_MAX_AGE < ev.vote_a.height <= block.height:
+                        raise ValueError(f"evidence of height {ev.vote_a.height} is out of range")
+                ok = self.host.validate_block(block)
+            except ValueError as exc:
+                log.info("invalid block %s at %d: %s", h.hex()[:12], block.height, exc)
+                ok = False
+            self._validity[h] = ok
+        return self._validity[h]
+
+    def _on_vote(self, v: Vote) -> list[Effect]:
+        assert self.sm is not None
+        if v.validator >= len(self.validators):
+            return []
+        if self.sm.votes.has_vote(v):
+            return []  # exact duplicate: skip the signature check
+        if not v.signed_by(self.chain_id, self.validators[v.validator].public_key):
+            log.debug("badly signed vote from %d", v.validator)
+            return []
+        if v.validator == self.me:
+            self._own.setdefault((v.round, v.step), v)
+        outcome, outputs = self.sm.on_vote(v)
+        if outcome is AddOutcome.EQUIVOCATION:
+            for ev in self.sm.votes.evidence:
+                if (ev not in self.pending_evidence and ev not in self.committed_evidence
+                        and len(self.pending_evidence) < MAX_PENDING_EVIDENCE):
+                    log.warning("validator %d equivocated at %d/%d", v.validator, v.height, v.round)
+                    self.pending_evidence.append(ev)
+        return self._run(outputs)
+
+    def _run(self, outputs: list[Output]) -> list[Effect]:
+        """Perform the machine's outputs; own signed messages go back into the machine."""
+        effects: list[Effect] = []
+        queue = deque(outputs)
+        while queue:
+            o = queue.popleft()
+            if isinstance(o, CastVote):
+                vote = self._sign_vote(o, effects)
+                if vote is not None:
+                    effects.append(Broadcast(vote))
+                    _, more = self.sm.on_vote(vote)
+                    queue.extend(more)
+            elif isinstance(o, ProposeValue):
+                p = self._sign_proposal(o, effects)
+                if p is not None:
+                    effects.append(Broadcast(p))
+                    effects += [Broadcast(v) for v in self._pol_votes(p)]
+                    queue.extend(self.sm.on_proposal(p, True))
+            elif isinstance(o, ScheduleTimeout):
+                effects.append(StartTimer(o.step, o.height, o.round, self._duration(o)))
+            elif isinstance(o, Decision):
+                self.decided = Decide(o.block, self._commit(o))
+                effects.append(self.decided)
+                return effects
+        if self.sm.missing_block is not None and not self.decided:
+            effects.append(NeedBlock(self.height, None))
+        return effects
+
+    def _duration(self, o: ScheduleTimeout) -> float:
+        if o.step is Step.PROPOSE:
+            return self.timeouts.propose(o.round)
+        if o.step is Step.PREVOTE:
+            return self.timeouts.prevote(o.round)
+        return self.timeouts.precommit(o.round)
+
+    def _sign(self, step: Step, round_: int, unsigned, effects: list[Effect]):
+        """The signed message for (round, step), reusing one already signed if identical."""
+        previous = self._own.get((round_, step))
+        if previous is not None:
+            if previous.sign_bytes(self.chain_id) == unsigned.sign_bytes(self.chain_id):
+                return previous
+            effects.append(Refused(step, self.height, round_, "conflicts with an earlier signature"))
+            return None
+        try:
+            sig = self.signer.sign(step, self.height, round_, unsigned.sign_bytes(self.chain_id))
+        except DoubleSignError as exc:
+            log.error("refused to sign %s at %d/%d: %s", step.name, self.height, round_, exc)
+            effects.append(Refused(step, self.height, round_, str(exc)))
+            return None
+        signed = _with_signature(unsigned, sig)
+        self._own[(round_, step)] = signed
+        if self.journal:
+            self.journal(signed)
+        return signed
+
+    def _sign_vote(self, o: CastVote, effects: list[Effect]) -> Vote | None:
+        unsigned = Vote(o.type, o.height, o.round, o.block_hash, self.me)
+        return self._sign(Step(int(o.type)), o.round, unsigned, effects)
+
+    def _sign_proposal(self, o: ProposeValue, effects: list[Effect]) -> Proposal | None:
+        previous = self._own.get((o.round, Step.PROPOSE))
+        if isinstance(previous, Proposal):
+            return previous  # replayed from the WAL: propose exactly what was signed
+        if o.valid_value is not None:
+            block, pol = o.valid_value, o.valid_round
+        else:
+            evidence = tuple(self.pending_evidence[:16])
+            block, pol = self.host.make_block(o.height, o.round, evidence), -1
+            self._validity[block.hash()] = True
+        unsigned = Proposal(o.height, o.round, pol, block, self.me)
+        return self._sign(Step.PROPOSE, o.round, unsigned, effects)
+
+    def _pol_votes(self, p: Proposal) -> list[Vote]:
+        """The prevotes proving the polka a re-proposal refers to."""
+        if p.pol_round < 0:
+            return []
+        return self.sm.votes.votes_for(p.pol_round, VoteType.PREVOTE, p.block.hash())
+
+    def _commit(self, d: Decision) -> Commit:
+        votes = self.sm.votes.votes_for(d.round, VoteType.PRECOMMIT, d.block.hash())
+        sigs = tuple(CommitSig(self.validators[v.validator].public_key, v.signature)
+                     for v in sorted(votes, key=lambda v: v.validator))
+        return Commit(d.height, d.round, d.block.hash(), sigs)
+
+    def block_applied(self, block: Block) -> None:
+        """The host applied `block`: its evidence is committed, no longer pending."""
+        for ev in block.evidence:
+            self.committed_evidence.add(ev.canonical())
+        horizon = block.height - EVIDENCE_MAX_AGE
+        self.committed_evidence = {e for e in self.committed_evidence if e.vote_a.height > horizon}
+        self.pending_evidence = [e for e in self.pending_evidence
+                                 if e not in self.committed_evidence and e.vote_a.height > horizon]
+
+
+def _message_key(msg: Proposal | Vote) -> tuple:
+    if isinstance(msg, Proposal):
+        return (Step.PROPOSE, msg.validator, msg.round, msg.signature)
+    return (msg.step, msg.validator, msg.round, msg.block_hash, msg.signature)
+
+
+def _with_signature(msg, sig: bytes):
+    from dataclasses import replace
+    return replace(msg, signature=sig)

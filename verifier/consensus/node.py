@@ -1,0 +1,602 @@
+"""The verifier node: the async shell around the pure consensus core.
+
+It owns everything with side effects: the gRPC/TLS `Verifier` service (consensus traffic,
+transactions, queries, status, block sync), per-peer pinned channels, timers, the write-ahead
+log, the signer's state file, the block store, the mempool, and the replicated application,
+driven exactly through `verifier.abci.interface`. All consensus work runs on the event loop
+thread: a driver call and the effects it returns are performed without an `await` in
+between, so the core never sees interleaved inputs.
+
+Start-up (CometBFT's handshake): InitChain on an empty application; replay into the app the
+blocks the store holds beyond the app's height (a crash between saving a block and committing
+it); then enter the next height, replaying that height's inputs from the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gentorrent.config import WIRE
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.crypto.tls import TlsIdentity, new_server, pinned_channel
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from verifier.abci.interface import Application, BlockContext, ValidatorInfo
+from verifier.consensus.blockstore import BlockStore
+from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, StartTimer,
+                                       TimeoutFired)
+from verifier.consensus.home import DATA_DIR, NodeConfig, validator_set_of
+from verifier.consensus.privval import PrivValidator
+from verifier.consensus.types import (Block, Commit, DecodeError, DirectoryProofCodec,
+                                      DuplicateVoteEvidence, Proposal, Vote, decode_message,
+                                      encode_message, make_block, sha256, verify_commit)
+from verifier.consensus.wal import WriteAheadLog
+from verifier.genesis import Genesis
+
+log = logging.getLogger(__name__)
+
+VERSION = "gt-verifier/0.1"
+CODE_MEMPOOL_FULL = 90  # node-level SubmitTx refusals (the app's codes are below 64)
+CODE_IN_MEMPOOL = 91
+CODE_OVERSIZE = 2  # same meaning as verifier.abci.txs.CODE_OVERSIZE
+BLOCKS_PER_SYNC_CALL = 100
+PEER_QUEUE = 4096
+FORWARDED_KEY = "x-gt-forwarded"
+
+
+class AppHashMismatch(RuntimeError):
+    """This node's application disagrees with the committee: it must stop, not fork."""
+
+
+# --------------------------------------------------------------------------- host
+
+
+class ChainHost:
+    """driver.Host over the application and the block store: builds and checks blocks."""
+
+    def __init__(self, genesis: Genesis, app: Application, store: BlockStore, me_key: bytes,
+                 mempool: "Mempool", config: NodeConfig) -> None:
+        self.genesis = genesis
+        self.validators = validator_set_of(genesis)
+        self.app = app
+        self.store = store
+        self.me_key = me_key
+        self.mempool = mempool
+        self.config = config
+        self.height = 0
+        self.last_block: Block | None = None
+        self.last_commit: Commit | None = None
+        self.app_hash = b""
+        self.last_time_ms = genesis.genesis_time_ms
+
+    def load_tip(self, app_hash: bytes) -> None:
+        self.app_hash = app_hash
+        self.height = self.store.height
+        if self.height:
+            self.last_block, self.last_commit = self.store.load(self.height)
+            self.last_time_ms = self.last_block.header.time_ms
+
+    def _ctx(self, height: int, time_ms: int, proposer: bytes, block_hash: bytes,
+             evidence: tuple[DuplicateVoteEvidence, ...]) -> BlockContext:
+        misbehaving = tuple(sorted({self.validators[e.vote_a.validator].public_key for e in evidence}))
+        return BlockContext(height=height, time_ms=time_ms, proposer=proposer, hash=block_hash,
+                            misbehavior=misbehaving)
+
+    def make_block(self, height: int, round_: int, evidence: tuple[DuplicateVoteEvidence, ...]) -> Block:
+        time_ms = max(int(time.time() * 1000), self.last_time_ms + 1)
+        ctx = self._ctx(height, time_ms, self.me_key, b"", evidence)
+        txs = self.app.prepare_proposal(self.mempool.batch(self.config.max_block_txs),
+                                        self.config.max_block_bytes, ctx)
+        return make_block(self.genesis.chain_id, height, time_ms, self.me_key,
+                          self.last_block.hash() if self.last_block else b"", self.last_commit,
+                          tuple(txs), self.validators, self.app_hash, evidence)
+
+    def validate_block(self, block: Block) -> bool:
+        h = block.header
+        if h.chain_id != self.genesis.chain_id or h.height != self.height + 1:
+            return False
+        if h.last_block_hash != (self.last_block.hash() if self.last_block else b""):
+            return False
+        if h.last_app_hash != self.app_hash or h.validators_hash != self.validators.hash():
+            return False
+        if self.validators.index_of(h.proposer) is None or h.time_ms <= self.last_time_ms:
+            return False
+        if len(block.txs) > self.config.max_block_txs or sum(map(len, block.txs)) > self.config.max_block_bytes:
+            return False
+        if self.height:
+            try:
+                if block.last_commit is None:
+                    return False
+                verify_commit(block.last_commit, h.chain_id, self.validators, self.height, h.last_block_hash)
+            except ValueError:
+                return False
+        elif block.last_commit is not None:
+            return False
+        ctx = self._ctx(h.height, h.time_ms, h.proposer, block.hash(), block.evidence)
+        return self.app.process_proposal(block.txs, ctx)
+
+    def apply(self, block: Block, commit: Commit, save: bool = True) -> None:
+        """Execute a decided block: store it, FinalizeBlock, Commit."""
+        if block.header.last_app_hash != self.app_hash:
+            raise AppHashMismatch(
+                f"block {block.height} certifies app hash {block.header.last_app_hash.hex()[:16]}… after "
+                f"block {block.height - 1}, this node computed {self.app_hash.hex()[:16]}…")
+        if save:
+            self.store.save(block, commit)
+        h = block.header
+        result = self.app.finalize_block(block.txs, self._ctx(h.height, h.time_ms, h.proposer, block.hash(),
+                                                              block.evidence))
+        self.app.commit()
+        self.app_hash = result.app_hash
+        self.height = block.height
+        self.last_block, self.last_commit = block, commit
+        self.last_time_ms = h.time_ms
+
+
+# --------------------------------------------------------------------------- mempool
+
+
+class Mempool:
+    """Transactions CheckTx accepted, in arrival order, bounded in count."""
+
+    def __init__(self, max_txs: int) -> None:
+        self.max_txs = max_txs
+        self._txs: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._txs)
+
+    def __contains__(self, tx_hash: bytes) -> bool:
+        return tx_hash in self._txs
+
+    def add(self, tx: bytes) -> None:
+        self._txs[sha256(tx)] = tx
+
+    def full(self) -> bool:
+        return len(self._txs) >= self.max_txs
+
+    def batch(self, n: int) -> list[bytes]:
+        out = []
+        for tx in self._txs.values():
+            if len(out) >= n:
+                break
+            out.append(tx)
+        return out
+
+    def remove(self, txs) -> None:
+        for tx in txs:
+            self._txs.pop(sha256(tx), None)
+
+    def recheck(self, app: Application) -> None:
+        """After a commit the app's CheckTx view restarts from the committed state."""
+        for h, tx in list(self._txs.items()):
+            if not app.check_tx(tx).ok:
+                del self._txs[h]
+
+
+# --------------------------------------------------------------------------- peers
+
+
+@dataclass
+class Peer:
+    index: int
+    name: str
+    address: str
+    channel: grpc.aio.Channel
+    stub: rpc.VerifierStub
+    queue: asyncio.Queue
+    task: asyncio.Task | None = None
+    last_ok: float = 0.0
+    sent: int = 0
+    failed: int = 0
+
+
+# --------------------------------------------------------------------------- node
+
+
+class VerifierNode:
+    def __init__(self, home: Path, app: Application | None = None, listen: str | None = None) -> None:
+        self.home = Path(home)
+        self.config = NodeConfig.load(self.home)
+        self.genesis = Genesis.load(self.home)
+        keys = NodeKeys.load_or_create(self.home)
+        self.identity = keys.identity
+        self.tls = TlsIdentity.load_or_create(self.home, self.identity)
+        self.validators = validator_set_of(self.genesis)
+        self.me = self.validators.index_of(self.identity.public_key)
+        self.timeouts = self.config.consensus_timeouts()
+        self.listen = listen or self.config.listen
+        data = self.home / DATA_DIR
+        data.mkdir(parents=True, exist_ok=True)
+        if app is None:
+            from verifier.abci.app import RegistryApp
+            app = RegistryApp(data / "app.sqlite")
+        self.app = app
+        self.store = BlockStore(data / "blocks.sqlite")
+        self.wal = WriteAheadLog(data / "cs.wal")
+        self.privval = PrivValidator(self.identity, data / "sign_state.json", before_sign=self.wal.sync)
+        self.mempool = Mempool(self.config.max_mempool_txs)
+        self.host = ChainHost(self.genesis, self.app, self.store, self.identity.public_key, self.mempool,
+                              self.config)
+        self.driver = Driver(self.genesis.chain_id, self.validators, self.me, self.privval, self.host,
+                             self.timeouts, journal=self.wal.append)
+        self.peers: dict[int, Peer] = {}
+        self.port = 0
+        self.server: grpc.aio.Server | None = None
+        self.last_commit_time_ms = 0
+        self.commit_log: deque[tuple[int, float, int]] = deque(maxlen=10_000)  # (height, t, n_txs)
+        self._timers: list[asyncio.TimerHandle] = []
+        self._tasks: list[asyncio.Task] = []
+        self._catchup: asyncio.Task | None = None
+        self._directory: tuple[int, bytes] | None = None  # (app height, /directory value)
+        self._committed = asyncio.Event()  # set (and replaced) at every commit
+        self._stopping = False
+        self._halted: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._height_started_at = time.monotonic()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._handshake()
+        self.server, self.port = new_server(self.tls, self.listen)
+        rpc.add_VerifierServicer_to_server(_Service(self), self.server)
+        await self.server.start()
+        for i, v in enumerate(self.genesis.validators):
+            if i == self.me:
+                continue
+            channel = pinned_channel(v.address, v.tls_cert_pem)
+            peer = Peer(i, v.name, v.address, channel, rpc.VerifierStub(channel), asyncio.Queue(PEER_QUEUE))
+            peer.task = asyncio.create_task(self._sender(peer))
+            self.peers[i] = peer
+        h = self.host.height + 1
+        self._perform(self.driver.start_height(h, replay=self.wal.events_for_height(h)))
+        self._tasks.append(asyncio.create_task(self._ticker()))
+        log.info("verifier %s (%s) serving on port %d at height %d", self.identity.node_id_hex[:12],
+                 "validator %d" % self.me if self.me is not None else "observer", self.port, h)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for t in self._timers:
+            t.cancel()
+        tasks = list(self._tasks) + [p.task for p in self.peers.values() if p.task]
+        if self._catchup:
+            tasks.append(self._catchup)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.server:
+            await self.server.stop(grace=0.5)
+        for p in self.peers.values():
+            await p.channel.close()
+        self.wal.close()
+        self.privval.close()
+        self.store.close()
+        close = getattr(self.app, "close", None)
+        if close:
+            close()
+
+    def _handshake(self) -> None:
+        info = self.app.info()
+        app_height, app_hash = info.last_block_height, info.last_block_app_hash
+        if app_height == 0 and not app_hash:
+            app_hash = self.app.init_chain(
+                self.genesis.chain_id, [ValidatorInfo(v.public_key, v.power) for v in self.genesis.validators],
+                self.genesis.app_state_bytes(), self.genesis.genesis_time_ms)
+        if self.store.height < app_height:
+            raise AppHashMismatch(f"the application is at height {app_height} but the block store only at "
+                                  f"{self.store.height}; refusing to start on inconsistent data")
+        self.host.app_hash = app_hash
+        self.host.height = app_height
+        if app_height:
+            self.host.last_block, self.host.last_commit = self.store.load(app_height)
+            self.host.last_time_ms = self.host.last_block.header.time_ms
+        for h in range(app_height + 1, self.store.height + 1):
+            block, commit = self.store.load(h)
+            log.info("replaying stored block %d into the application", h)
+            self.host.apply(block, commit, save=False)
+
+    # ------------------------------------------------------------------ effects
+
+    def _perform(self, effects, catching_up: bool = False) -> None:
+        for e in effects:
+            if self._stopping:
+                return
+            if isinstance(e, Broadcast):
+                self._broadcast(e.message)
+            elif isinstance(e, StartTimer):
+                self._timers.append(self._loop.call_later(e.seconds, self._on_timer, e))
+            elif isinstance(e, Decide):
+                self._decide(e, catching_up)
+            elif isinstance(e, NeedBlock):
+                self._want_block(e.height, e.peer)
+            elif isinstance(e, Refused):
+                log.error("refused to sign %s at %d/%d: %s", e.step.name, e.height, e.round, e.reason)
+
+    def _broadcast(self, msg: Proposal | Vote) -> None:
+        data = encode_message(msg)
+        for peer in self.peers.values():
+            if peer.queue.full():
+                peer.queue.get_nowait()  # drop the oldest; rebroadcast recovers what matters
+            peer.queue.put_nowait(data)
+
+    def _on_timer(self, e: StartTimer) -> None:
+        if self._stopping or self._halted:
+            return
+        if e.height == self.driver.height:
+            self.wal.append(TimeoutFired(e.step, e.height, e.round))
+        self._perform(self.driver.on_timeout(e.step, e.height, e.round))
+
+    def _decide(self, d: Decide, catching_up: bool) -> None:
+        block = d.block
+        try:
+            self.host.apply(block, d.commit)
+        except AppHashMismatch as exc:
+            self._halt(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - an app failing a decided block must stop the node
+            log.exception("the application failed on decided block %d", block.height)
+            self._halt(f"the application failed on decided block {block.height}: {exc}")
+            return
+        self.wal.end_height(block.height)
+        self.driver.block_applied(block)
+        self.mempool.remove(block.txs)
+        self.mempool.recheck(self.app)
+        self._notify_commit()
+        now = time.time()
+        self.last_commit_time_ms = int(now * 1000)
+        self.commit_log.append((block.height, now, len(block.txs)))
+        for t in self._timers:
+            t.cancel()
+        self._timers = []
+        if catching_up:
+            self._start_next()  # the next fetched block is for the next height
+        else:  # through the loop even for 0 s: a lone validator would otherwise recurse forever
+            self._timers.append(self._loop.call_later(max(0.0, self.timeouts.commit_s), self._start_next))
+
+    def _start_next(self) -> None:
+        if self._stopping or self._halted or self.driver.height > self.host.height:
+            return
+        self._height_started_at = time.monotonic()
+        self._perform(self.driver.start_height(self.host.height + 1))
+
+    def _halt(self, reason: str) -> None:
+        self._halted = reason
+        log.critical("CONSENSUS HALTED: %s", reason)
+        for t in self._timers:
+            t.cancel()
+
+    def _notify_commit(self) -> None:
+        self._committed.set()
+        self._committed = asyncio.Event()
+
+    async def _wait_height(self, height: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.host.height < height:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._committed.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ network
+
+    async def _sender(self, peer: Peer) -> None:
+        """One ordered stream of consensus messages per peer; failures drop the message."""
+        while True:
+            data = await peer.queue.get()
+            try:
+                await peer.stub.Consensus(pb.ConsensusMessage(payload=data), timeout=2.0)
+                peer.sent += 1
+                peer.last_ok = time.time()
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+                peer.failed += 1
+                # the peer is down: drop what is queued (stale by the time it is back; the
+                # rebroadcast of the current height is what it will need) and do not spin
+                while not peer.queue.empty():
+                    peer.queue.get_nowait()
+                await asyncio.sleep(0.2)
+
+    def on_consensus_payload(self, payload: bytes) -> pb.Ack:
+        if self._halted:
+            return pb.Ack(ok=False, reason="halted")
+        try:
+            msg = decode_message(payload)
+        except DecodeError as exc:
+            return pb.Ack(ok=False, reason=f"malformed: {exc}"[:120])
+        if msg.height in (self.driver.height, self.driver.height + 1):
+            self.wal.append(msg)
+        self._perform(self.driver.on_message(msg))
+        return pb.Ack(ok=True)
+
+    async def _ticker(self) -> None:
+        """Gossip own messages again while a height makes no progress."""
+        period = max(0.2, self.timeouts.propose_s)
+        while True:
+            await asyncio.sleep(period)
+            if self._halted:
+                continue
+            if time.monotonic() - self._height_started_at >= period:
+                self._perform(self.driver.rebroadcast())
+                # no progress (or an observer, which gets no votes): ask peers for blocks
+                self._want_block(self.driver.height, None)
+
+    def _want_block(self, height: int, peer: int | None) -> None:
+        if self._catchup and not self._catchup.done():
+            return
+        self._catchup = asyncio.create_task(self._catch_up(height, peer))
+
+    async def _catch_up(self, height: int, peer: int | None) -> None:
+        """Fetch decided blocks with their commits from peers until past `height`."""
+        await asyncio.sleep(2 * self.timeouts.precommit_s)  # it may still arrive by consensus
+        if self.host.height >= height or self._stopping:
+            return
+        order = list(self.peers)
+        random.shuffle(order)
+        if peer in self.peers:
+            order.remove(peer)
+            order.insert(0, peer)
+        for index in order:
+            try:
+                while await self._sync_from(self.peers[index]):
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                log.info("block sync from %s failed: %s %s", self.peers[index].name, exc.code().name,
+                         (exc.details() or "")[:120])
+                continue
+            except (asyncio.TimeoutError, DecodeError, ValueError) as exc:
+                log.info("block sync from %s failed: %s", self.peers[index].name, exc)
+                continue
+            if self.host.height >= height:
+                return
+
+    async def _sync_from(self, peer: Peer) -> bool:
+        """One GetBlocks call; True if it advanced and more may follow."""
+        start = self.host.height + 1
+        req = pb.BlockRangeRequest(from_height=start, to_height=start + BLOCKS_PER_SYNC_CALL - 1)
+        applied = 0
+        async for item in peer.stub.GetBlocks(req, timeout=10.0):
+            if self._stopping or self._halted:
+                return False
+            block, commit = Block.decode(item.block), Commit.decode(item.commit)
+            if block.height != self.driver.height or self.driver.decided:
+                break
+            self._perform(self.driver.on_decided_block(block, commit), catching_up=True)
+            if self.host.height < block.height:
+                raise ValueError(f"peer {peer.name} sent block {block.height} that does not verify")
+            applied += 1
+        if applied:
+            log.info("caught up %d blocks from %s, now at %d", applied, peer.name, self.host.height)
+        return applied == BLOCKS_PER_SYNC_CALL
+
+    # ------------------------------------------------------------------ services
+
+    async def submit_tx(self, tx: bytes, forwarded: bool) -> pb.TxReply:
+        h = sha256(tx)
+        if len(tx) > WIRE.max_tx_bytes:
+            return pb.TxReply(code=CODE_OVERSIZE, log=f"tx of {len(tx)} bytes exceeds {WIRE.max_tx_bytes}", tx_hash=h)
+        if h in self.mempool:
+            return pb.TxReply(code=CODE_IN_MEMPOOL, log="already in the mempool", tx_hash=h)
+        if self.mempool.full():
+            return pb.TxReply(code=CODE_MEMPOOL_FULL, log="mempool full, retry later", tx_hash=h)
+        res = self.app.check_tx(tx)
+        if not res.ok:
+            return pb.TxReply(code=res.code, log=res.log, tx_hash=h)
+        self.mempool.add(tx)
+        if not forwarded:
+            self._tasks.append(asyncio.create_task(self._forward_tx(tx)))
+            self._tasks = [t for t in self._tasks if not t.done()]
+        return pb.TxReply(code=0, log="accepted", tx_hash=h)
+
+    async def _forward_tx(self, tx: bytes) -> None:
+        async def one(peer: Peer) -> None:
+            try:
+                await peer.stub.SubmitTx(pb.TxRequest(tx=tx), timeout=2.0, metadata=((FORWARDED_KEY, "1"),))
+            except grpc.aio.AioRpcError:
+                pass
+        await asyncio.gather(*(one(p) for p in self.peers.values()))
+
+    async def query(self, path: str, data: bytes, height: int) -> pb.QueryReply:
+        if path == "/directory":
+            return await self._directory_reply()
+        q = self.app.query(path, data, height)
+        return pb.QueryReply(code=q.code, log=q.log, value=q.value, height=q.height)
+
+    async def _directory_reply(self) -> pb.QueryReply:
+        """The directory at app height H with its proof: header and commit of block H+1.
+
+        The app answers only for its latest state, whose proof does not exist yet; the value
+        is taken now and the reply waits for the next block (one block interval). A value
+        taken at the previous height is reused while it is at most one block old.
+        """
+        cached = self._directory
+        if cached is None or cached[0] < self.host.height - 1:
+            q = self.app.query("/directory", b"", 0)
+            if q.code != 0:
+                return pb.QueryReply(code=q.code, log=q.log)
+            cached = self._directory = (q.height, q.value)
+        h, value = cached
+        wait = 2 * (self.timeouts.propose(0) + self.timeouts.prevote(0) + self.timeouts.precommit(0)
+                    + self.timeouts.commit_s)
+        if not await self._wait_height(h + 1, wait):
+            return pb.QueryReply(code=1, log=f"the committee has not committed block {h + 1} yet; retry")
+        raw = self.store.load_raw(h + 1)
+        block, commit = Block.decode(raw[0]), raw[1]
+        proof = DirectoryProofCodec.encode(h, block.header.encode(), commit)
+        return pb.QueryReply(code=0, value=value, height=h, proof=proof)
+
+    def status(self) -> pb.VerifierStatusReply:
+        now = time.time()
+        peers = [f"{p.name}@{p.address}" for p in self.peers.values() if now - p.last_ok < 5.0]
+        sm = self.driver.sm
+        detail = {
+            "chain_id": self.genesis.chain_id, "node_id": self.identity.node_id_hex,
+            "validator_index": self.me, "height": self.host.height, "app_hash": self.host.app_hash.hex(),
+            "consensus": {"height": self.driver.height, "round": sm.round if sm else -1,
+                          "step": sm.step.name if sm else None},
+            "peers": {p.name: {"address": p.address, "sent": p.sent, "failed": p.failed,
+                               "last_ok_s_ago": round(now - p.last_ok, 2) if p.last_ok else None}
+                      for p in self.peers.values()},
+            "heights_per_s_10s": round(sum(1 for _, t, _ in self.commit_log if now - t <= 10.0) / 10.0, 2),
+            "mempool": len(self.mempool), "last_commit_time_ms": self.last_commit_time_ms,
+            "halted": self._halted, "evidence_pending": len(self.driver.pending_evidence),
+            "signatures": self.privval.signed_count, "wal_syncs": self.wal.syncs,
+        }
+        return pb.VerifierStatusReply(node_id=self.identity.node_id_hex, height=self.host.height,
+                                      app_hash=self.host.app_hash, peers=peers,
+                                      last_commit_time_ms=self.last_commit_time_ms,
+                                      json=json.dumps(detail, sort_keys=True))
+
+    def blocks(self, start: int, end: int):
+        end = min(end, start + BLOCKS_PER_SYNC_CALL - 1, self.store.height)
+        for h in range(max(1, start), end + 1):
+            raw = self.store.load_raw(h)
+            if raw is None:
+                return
+            yield pb.BlockWithCommit(block=raw[0], commit=raw[1])
+
+
+class _Service(rpc.VerifierServicer):
+    def __init__(self, node: VerifierNode) -> None:
+        self.node = node
+
+    async def SubmitTx(self, request, context):
+        forwarded = any(k == FORWARDED_KEY for k, _ in (context.invocation_metadata() or ()))
+        return await self.node.submit_tx(request.tx, forwarded)
+
+    async def Query(self, request, context):
+        if len(request.path) > 256:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "query path longer than 256 characters")
+        return await self.node.query(request.path, request.data, request.height)
+
+    async def Status(self, request, context):
+        return self.node.status()
+
+    async def Consensus(self, request, context):
+        return self.node.on_consensus_payload(request.payload)
+
+    async def GetBlocks(self, request, context):
+        if request.from_height < 1 or request.to_height < request.from_height:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "need 1 <= from_height <= to_height")
+        for item in self.node.blocks(request.from_height, request.to_height):
+            yield item
+
+    async def Private(self, request, context):
+        return pb.Ack(ok=False, reason="unsupported")
+
+    async def Health(self, request, context):
+        return pb.HealthReply(node_id=self.node.identity.node_id_hex, role="verifier", version=VERSION,
+                              serving=self.node._halted is None)

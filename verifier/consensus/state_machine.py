@@ -1,0 +1,252 @@
+"""The Tendermint algorithm of one height, as in "The latest gossip on BFT consensus".
+
+Buchman, Kwon and Milosevic, arXiv:1807.04938, Algorithm 1. Line numbers in comments
+refer to that listing. The machine is sans-I/O: inputs are proposals (already authenticated
+and with their validity decided), votes (already authenticated) and timeouts; outputs are
+requests to propose, votes to cast, timeouts to schedule and the decision. It never signs,
+sends or sleeps; the driver does that around it.
+
+One deliberate, safe relaxation: the decision rule (line 49) accepts the block with the
+committed hash from a proposal of *any* round, not only the round of the precommits, so a
+node that saw the block in round 0 decides on a commit from round 1 without the round-1
+proposal (the value is identified by its hash, as CometBFT does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verifier.consensus.types import NIL, Block, Proposal, Step, ValidatorSet, Vote, VoteType
+from verifier.consensus.votes import AddOutcome, VoteKeeper
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class ProposeValue:
+    """This node is the proposer of (height, round): propose `valid_value` or a new block."""
+
+    height: int
+    round: int
+    valid_value: Block | None
+    valid_round: int
+
+
+@dataclass(frozen=True)
+class CastVote:
+    type: VoteType
+    height: int
+    round: int
+    block_hash: bytes  # NIL for nil
+
+
+@dataclass(frozen=True)
+class ScheduleTimeout:
+    step: Step
+    height: int
+    round: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    height: int
+    round: int  # round of the precommits that decided
+    block: Block
+
+
+Output = ProposeValue | CastVote | ScheduleTimeout | Decision
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+class HeightStateMachine:
+    """p's state for one height h_p (Algorithm 1, lines 1-9) and its upon-rules."""
+
+    def __init__(self, height: int, validators: ValidatorSet, me: int | None) -> None:
+        self.height = height
+        self.validators = validators
+        self.me = me  # None: a non-validating observer
+        self.round = -1
+        self.step = Step.PROPOSE
+        self.locked_value: Block | None = None
+        self.locked_round = -1
+        self.valid_value: Block | None = None
+        self.valid_round = -1
+        self.decision: Decision | None = None
+        self.votes = VoteKeeper(validators, height)
+        self.proposals: dict[int, Proposal] = {}  # the proposer's first proposal per round
+        self.blocks: dict[bytes, tuple[Block, bool]] = {}  # hash -> (block, valid)
+        self._prevote_timeout: set[int] = set()  # line 34 "for the first time"
+        self._precommit_timeout: set[int] = set()  # line 47
+        self._polka_seen: set[int] = set()  # line 36
+        self.missing_block: bytes | None = None  # a committed hash whose block we lack
+
+    # -- inputs
+
+    def start(self) -> list[Output]:
+        out: list[Output] = []
+        self._start_round(0, out)
+        self._evaluate(out)
+        return out
+
+    def on_proposal(self, proposal: Proposal, valid: bool) -> list[Output]:
+        """An authenticated proposal from proposer(h, r); `valid` is valid(v) of the paper."""
+        if proposal.height != self.height or self.decision:
+            return []
+        if proposal.round in self.proposals:
+            return []  # a second proposal for a round is ignored (the first one counts)
+        self.proposals[proposal.round] = proposal
+        block_hash = proposal.block.hash()
+        if block_hash not in self.blocks:
+            self.blocks[block_hash] = (proposal.block, valid)
+        self.votes.note_sender(proposal.round, proposal.validator)
+        out: list[Output] = []
+        self._evaluate(out)
+        return out
+
+    def on_vote(self, vote: Vote) -> tuple[AddOutcome, list[Output]]:
+        if vote.height != self.height or self.decision:
+            return AddOutcome.DUPLICATE, []
+        outcome = self.votes.add(vote)
+        out: list[Output] = []
+        if outcome is not AddOutcome.DUPLICATE:
+            self._evaluate(out)
+        return outcome, out
+
+    def on_timeout(self, step: Step, height: int, round_: int) -> list[Output]:
+        out: list[Output] = []
+        if height != self.height or round_ != self.round or self.decision:
+            return out
+        if step is Step.PROPOSE and self.step is Step.PROPOSE:  # line 57
+            self._vote(VoteType.PREVOTE, NIL, out)
+            self.step = Step.PREVOTE
+        elif step is Step.PREVOTE and self.step is Step.PREVOTE:  # line 61
+            self._vote(VoteType.PRECOMMIT, NIL, out)
+            self.step = Step.PRECOMMIT
+        elif step is Step.PRECOMMIT:  # line 65
+            self._start_round(self.round + 1, out)
+        else:
+            return out
+        self._evaluate(out)
+        return out
+
+    # -- rules
+
+    def _start_round(self, round_: int, out: list[Output]) -> None:  # line 11
+        self.round = round_
+        self.step = Step.PROPOSE
+        if self.me is not None and self.validators.proposer(self.height, round_) == self.me:
+            out.append(ProposeValue(self.height, round_, self.valid_value, self.valid_round))
+        else:
+            out.append(ScheduleTimeout(Step.PROPOSE, self.height, round_))
+
+    def _vote(self, type_: VoteType, block_hash: bytes, out: list[Output]) -> None:
+        if self.me is not None:
+            out.append(CastVote(type_, self.height, self.round, block_hash))
+
+    def _evaluate(self, out: list[Output]) -> None:
+        """Apply upon-rules until none fires (each firing changes state, so this ends)."""
+        rules = (self._rule_decide, self._rule_skip_round, self._rule_proposal,
+                 self._rule_proposal_pol, self._rule_prevote_any, self._rule_polka,
+                 self._rule_polka_nil, self._rule_precommit_any)
+        while self.decision is None and any(rule(out) for rule in rules):
+            pass
+
+    def _rule_decide(self, out: list[Output]) -> bool:  # line 49
+        for r in self.votes.rounds():
+            value = self.votes.quorum_value(r, VoteType.PRECOMMIT)
+            if value is None:
+                continue
+            known = self.blocks.get(value)
+            if known is None:
+                self.missing_block = value
+                continue
+            block, valid = known
+            if valid:
+                self.decision = Decision(self.height, r, block)
+                out.append(self.decision)
+                return True
+        return False
+
+    def _rule_skip_round(self, out: list[Output]) -> bool:  # line 55
+        later = [r for r in self.votes.rounds()
+                 if r > self.round and self.votes.round_power(r) >= self.validators.one_third_plus()]
+        if not later:
+            return False
+        self._start_round(max(later), out)
+        return True
+
+    def _current_proposal(self) -> tuple[Proposal, Block, bool] | None:
+        p = self.proposals.get(self.round)
+        if p is None:
+            return None
+        block, valid = self.blocks[p.block.hash()]
+        return p, block, valid
+
+    def _rule_proposal(self, out: list[Output]) -> bool:  # line 22
+        cur = self._current_proposal()
+        if self.step is not Step.PROPOSE or cur is None or cur[0].pol_round != -1:
+            return False
+        _, block, valid = cur
+        ok = valid and (self.locked_round == -1 or self._same(self.locked_value, block))
+        self._vote(VoteType.PREVOTE, block.hash() if ok else NIL, out)
+        self.step = Step.PREVOTE
+        return True
+
+    def _rule_proposal_pol(self, out: list[Output]) -> bool:  # line 28
+        cur = self._current_proposal()
+        if self.step is not Step.PROPOSE or cur is None:
+            return False
+        p, block, valid = cur
+        vr = p.pol_round
+        if not (0 <= vr < self.round and self.votes.has_quorum_for(vr, VoteType.PREVOTE, block.hash())):
+            return False
+        ok = valid and (self.locked_round <= vr or self._same(self.locked_value, block))
+        self._vote(VoteType.PREVOTE, block.hash() if ok else NIL, out)
+        self.step = Step.PREVOTE
+        return True
+
+    def _rule_prevote_any(self, out: list[Output]) -> bool:  # line 34
+        r = self.round
+        if (self.step is Step.PREVOTE and r not in self._prevote_timeout
+                and self.votes.has_quorum_any(r, VoteType.PREVOTE)):
+            self._prevote_timeout.add(r)
+            out.append(ScheduleTimeout(Step.PREVOTE, self.height, r))
+            return True
+        return False
+
+    def _rule_polka(self, out: list[Output]) -> bool:  # line 36
+        cur = self._current_proposal()
+        r = self.round
+        if cur is None or self.step < Step.PREVOTE or r in self._polka_seen:
+            return False
+        _, block, valid = cur
+        if not (valid and self.votes.has_quorum_for(r, VoteType.PREVOTE, block.hash())):
+            return False
+        self._polka_seen.add(r)
+        if self.step is Step.PREVOTE:
+            self.locked_value, self.locked_round = block, r
+            self._vote(VoteType.PRECOMMIT, block.hash(), out)
+            self.step = Step.PRECOMMIT
+        self.valid_value, self.valid_round = block, r
+        return True
+
+    def _rule_polka_nil(self, out: list[Output]) -> bool:  # line 44
+        if self.step is Step.PREVOTE and self.votes.has_quorum_nil(self.round, VoteType.PREVOTE):
+            self._vote(VoteType.PRECOMMIT, NIL, out)
+            self.step = Step.PRECOMMIT
+            return True
+        return False
+
+    def _rule_precommit_any(self, out: list[Output]) -> bool:  # line 47
+        r = self.round
+        if r not in self._precommit_timeout and self.votes.has_quorum_any(r, VoteType.PRECOMMIT):
+            self._precommit_timeout.add(r)
+            out.append(ScheduleTimeout(Step.PRECOMMIT, self.height, r))
+            return True
+        return False
+
+    @staticmethod
+    def _same(a: Block | None, b: Block) -> bool:
+        return a is not None and a.hash() == b.hash()
