@@ -1,0 +1,120 @@
+"""Algorithm 2: relative-load filtering of tree candidates, fallback, no second forward."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gentorrent.config import ROUTING
+from gentorrent.routing.hrtree import NodeTable, SearchResult
+from gentorrent.routing.policy import Reason, choose_node
+
+PARAMS = replace(ROUTING, load_threshold=2.0, forward_margin=0.0)
+
+
+def table(loads: dict[str, tuple[int, int]], now: float = 100.0) -> NodeTable:
+    t = NodeTable(PARAMS)
+    for node, (active, capacity) in loads.items():
+        t.update(node, active=active, capacity=capacity, now=now)
+    return t
+
+
+def test_tree_match_goes_to_least_loaded_holder_under_threshold():
+    t = table({"me": (0, 1), "a": (9, 10), "b": (3, 2), "c": (4, 4)})
+    d = choose_node("me", SearchResult(("a", "b", "c"), 5), t, hops=0, now=100, params=PARAMS)
+    assert (d.node_id, d.reason, d.forward) == ("a", Reason.TREE_MATCH, True)
+    assert d.relative_load == pytest.approx(0.9)
+
+
+def test_holders_over_threshold_fall_back_to_least_loaded_of_group():
+    t = table({"me": (3, 2), "a": (30, 10), "b": (5, 1), "c": (1, 4)})
+    d = choose_node("me", SearchResult(("a", "b"), 5), t, hops=0, now=100, params=PARAMS)
+    assert (d.node_id, d.reason) == ("c", Reason.LEAST_LOADED)
+
+
+def test_miss_prefers_local_node_on_ties_and_serves_locally():
+    t = table({"me": (2, 2), "a": (1, 1), "b": (5, 1)})
+    d = choose_node("me", SearchResult((), 1), t, hops=0, now=100, params=PARAMS)
+    assert (d.node_id, d.reason, d.forward) == ("me", Reason.LEAST_LOADED, False)
+
+
+def test_forwarded_request_is_never_forwarded_again():
+    t = table({"me": (50, 1), "a": (0, 10)})
+    d = choose_node("me", SearchResult(("a",), 9), t, hops=1, now=100, params=PARAMS)
+    assert (d.node_id, d.reason, d.forward) == ("me", Reason.ALREADY_FORWARDED, False)
+    with pytest.raises(ValueError):
+        choose_node("me", SearchResult((), 0), t, hops=-1, now=100, params=PARAMS)
+
+
+def test_silent_peers_and_unknown_candidates_are_skipped():
+    t = table({"me": (4, 1)}, now=100)
+    t.update("old", active=0, capacity=10, now=100 - PARAMS.peer_silence_s - 1)
+    d = choose_node("me", SearchResult(("old", "ghost"), 4), t, hops=0, now=100, params=PARAMS)
+    assert d.node_id == "me"
+
+
+def test_pending_forwards_count_until_the_next_report():
+    t = table({"me": (1, 1), "a": (0, 1)})
+    t.note_forwarded("a")
+    t.note_forwarded("a")
+    assert t.get("a").relative_load == 2.0
+    d = choose_node("me", SearchResult(("a",), 3), t, hops=0, now=100, params=PARAMS)
+    assert d.node_id == "me"  # a is at the threshold now; me is less loaded
+    t.update("a", active=0, capacity=1, now=101)
+    assert t.get("a").relative_load == 0.0
+
+
+def test_bad_load_reports_are_rejected():
+    t = NodeTable(PARAMS)
+    for kwargs in ({"active": -1, "capacity": 1}, {"active": 0, "capacity": 0},
+                   {"active": 0, "capacity": 11}):
+        with pytest.raises(ValueError):
+            t.update("x", now=0, **kwargs)
+    assert len(t) == 0
+
+
+nodes = st.dictionaries(st.sampled_from([f"n{i}" for i in range(8)]),
+                        st.tuples(st.integers(0, 40), st.integers(1, 10)), min_size=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(nodes, st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=8),
+       st.integers(0, 12), st.floats(0.5, 5.0), st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+def test_never_picks_a_node_over_threshold_while_another_is_under(loads, holders, depth, thr,
+                                                                   margin):
+    params = replace(PARAMS, load_threshold=thr, forward_margin=margin)
+    local = sorted(loads)[0]
+    t = NodeTable(params)
+    for node, (active, capacity) in loads.items():
+        t.update(node, active=active, capacity=capacity, now=0)
+    match = SearchResult(tuple(sorted(set(holders))) if depth >= 2 else (), depth)
+    d = choose_node(local, match, t, hops=0, now=0, params=params)
+    rel = {n: a / c for n, (a, c) in loads.items()}
+    assert d.node_id in loads
+    if any(r < thr for r in rel.values()):
+        assert rel[d.node_id] < thr
+    if d.reason is Reason.LEAST_LOADED:
+        assert rel[d.node_id] <= min(rel.values()) + params.forward_margin
+        if d.node_id != local:
+            assert rel[d.node_id] == min(rel.values())
+    if d.reason is Reason.TREE_MATCH:
+        assert d.node_id in match.candidates
+
+
+def test_forward_margin_keeps_requests_local_against_small_stale_differences():
+    params = replace(PARAMS, forward_margin=1.0)
+    t = table({"me": (3, 2), "a": (1, 2), "b": (0, 1)})  # me 1.5, a 0.5, b 0.0
+    miss = choose_node("me", SearchResult((), 0), t, hops=0, now=100, params=params)
+    assert (miss.node_id, miss.forward) == ("b", True)  # 1.5 > 0.0 + 1.0
+    t.update("b", active=1, capacity=1, now=100)  # b 1.0: me within the margin of a
+    miss = choose_node("me", SearchResult((), 0), t, hops=0, now=100, params=params)
+    assert (miss.node_id, miss.forward) == ("me", False)
+    hit = choose_node("me", SearchResult(("a", "me"), 4), t, hops=0, now=100, params=params)
+    assert (hit.node_id, hit.reason) == ("me", Reason.TREE_MATCH)
+    # over the threshold, the local node never keeps a miss
+    t.update("me", active=9, capacity=2, now=100)
+    miss = choose_node("me", SearchResult((), 0), t, hops=0, now=100, params=params)
+    assert miss.node_id == "a"
