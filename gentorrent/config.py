@@ -107,6 +107,12 @@ class RoutingParams:
     sentry_max_entries: int = 32  # prefix statistics one node exports per epoch
     sentry_seal_timeout_s: float = 15.0  # compute L without silent members' stats after this
     layout_switch_grace_s: float = 10.0  # search the previous layout's tree this long at most
+    # gossip and forwarding shells (routing/gossip.py, model_node/forwarding.py)
+    gossip_rpc_timeout_s: float = 3.0  # one Gossip call to one peer
+    gossip_max_skew_s: float = 120.0  # refuse gossip stamped further than this from our clock
+    directory_refresh_s: float = 10.0  # re-read the verified directory (the group roster)
+    forward_timeout_s: float = 600.0  # a forwarded generation, start to final chunk
+    forward_connect_timeout_s: float = 3.0  # peer unreachable this long: serve locally instead
 
 
 ROUTING = RoutingParams()
@@ -256,6 +262,7 @@ class ModelNodeParams:
     max_running_requests: int = 16  # vLLM max_num_seqs: requests decoded together
     max_queued_requests: int = 64  # beyond running + this many a node answers "busy"
     max_model_len: int = 8192  # context cap (the model's own may be smaller)
+    kv_cache_blocks: int = 0  # >0: cap vLLM's KV cache at this many blocks (routing bench)
     # float32 on CPU: bf16 flips near-tied greedy choices of SmolLM2 (measured, issue 3) and
     # makes prompt_logprobs differ from decode logprobs by ~1e-2; "auto" (bf16) on GPUs.
     cpu_dtype: str = "float32"

@@ -255,7 +255,7 @@ class ModelNodeStub:
         self.Gossip = channel.unary_unary(
                 '/gentorrent.v1.ModelNode/Gossip',
                 request_serializer=gentorrent__pb2.GossipMessage.SerializeToString,
-                response_deserializer=gentorrent__pb2.Ack.FromString,
+                response_deserializer=gentorrent__pb2.GossipReply.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/gentorrent.v1.ModelNode/Status',
@@ -344,7 +344,7 @@ def add_ModelNodeServicer_to_server(servicer, server):
             'Gossip': grpc.unary_unary_rpc_method_handler(
                     servicer.Gossip,
                     request_deserializer=gentorrent__pb2.GossipMessage.FromString,
-                    response_serializer=gentorrent__pb2.Ack.SerializeToString,
+                    response_serializer=gentorrent__pb2.GossipReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -469,7 +469,7 @@ class ModelNode:
             target,
             '/gentorrent.v1.ModelNode/Gossip',
             gentorrent__pb2.GossipMessage.SerializeToString,
-            gentorrent__pb2.Ack.FromString,
+            gentorrent__pb2.GossipReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,270 @@
+"""The overlay end to end: real user nodes (Relay servers, pinned TLS, 127.0.0.1), 4 paths of 3
+hops, the real clove intake on a model node. The model node here is `EchoModelNode`, a test
+double whose engine echoes the prompt (real keys, TLS, receipts and intake); the ask with
+the real vLLM model node is in tests/test_user_model.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections import defaultdict
+
+import pytest
+
+from gentorrent.config import CloveParams, OverlayParams
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from user_client.asking import AskError
+from user_client.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
+
+CLOVES = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
+# short enough that a lost answer fails within seconds, long enough for a machine under load
+FAST = OverlayParams(first_reply_timeout_s=8.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
+                     establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
+PROMPT = "Tell me the secret recipe of grandmother's plum cake, step by step, please."
+
+
+class Taps:
+    """What every relay handled: (node index, event, link_id, payload)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str, bytes, bytes]] = []
+        self.enabled = True
+
+    def for_node(self, i: int):
+        def tap(event: str, link_id: bytes, payload: bytes) -> None:
+            if self.enabled:
+                self.seen.append((i, event, bytes(link_id), bytes(payload)))
+        return tap
+
+
+@pytest.fixture
+async def net(tmp_path):
+    """13 user nodes (node 0 asks, 12 relay) and one echo model node, on 127.0.0.1."""
+    directory = tmp_path / "directory.json"
+    model = EchoModelNode(tmp_path / "model", directory, cloves=CLOVES, params=FAST)
+    await model.start()
+    taps = Taps()
+    nodes = await start_user_nodes(13, directory, tmp_path, cloves=CLOVES, params=FAST, maintain=False)
+    for i, node in enumerate(nodes):
+        node.relay.tap = taps.for_node(i)
+    me = nodes[0]
+    assert await me.paths.fill() == 4
+    yield me, nodes, model, taps
+    for node in nodes:
+        await node.stop()
+    await model.stop()
+
+
+async def _quiet(taps: Taps, settle_s: float = 0.3, limit_s: float = 10.0) -> None:
+    """Wait until no relay has handled anything for `settle_s` (the last reply clove is home)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while loop.time() < deadline:
+        before = len(taps.seen)
+        await asyncio.sleep(settle_s)
+        if len(taps.seen) == before:
+            return
+
+
+def _common_9gram(a: bytes, b: bytes) -> bool:
+    grams = {a[i:i + 9] for i in range(len(a) - 8)}
+    return any(b[i:i + 9] in grams for i in range(len(b) - 8))
+
+
+async def test_ask_through_four_paths_of_three_hops_returns_the_answer(net):
+    me, nodes, model, _ = net
+    answer = await me.ask(PROMPT)
+    assert answer.text == ECHO_PREFIX + PROMPT
+    assert answer.served_by == model.keys.identity.node_id_hex
+    assert len(answer.paths) == 4 and all(len(p) == 3 for p in answer.paths)
+    assert me.address not in {r for p in answer.paths for r in p}
+    # streamed: the same text, in order, in several chunks
+    model.chunks = 5
+    items = [item async for item in me.ask_stream(PROMPT)]
+    assert "".join(i.text for i in items[:-1]) == ECHO_PREFIX + PROMPT and len(items) == 6
+    assert items[-1].text == ECHO_PREFIX + PROMPT
+    model.chunks = 60  # a long stream: chunks overtake each other and are put back in order
+    items = [item async for item in me.ask_stream(PROMPT)]
+    assert items[-1].text == ECHO_PREFIX + PROMPT and len(items) == 42  # 41 chunks of 2 characters
+
+
+async def test_relays_never_see_plaintext_and_cloves_share_no_9_bytes(net):
+    me, nodes, model, taps = net
+    model.chunks = 1
+    answer = await me.ask(PROMPT)
+    await _quiet(taps)  # let the n-th reply clove finish its way back
+    blobs = {payload for _, _, _, payload in taps.seen}
+    assert len(taps.seen) >= 4 * 3 + 4 * 3  # every hop handled the query and the reply
+    secrets = [PROMPT.encode(), answer.text.encode(), PROMPT.encode()[:20], answer.text.encode()[-20:]]
+    for blob in blobs:
+        for s in secrets:
+            assert s not in blob
+    # a blob seen at both ends of one link counts once; every two different blobs share < 9 bytes
+    distinct = sorted(blobs)
+    for i in range(len(distinct)):
+        for j in range(i + 1, len(distinct)):
+            assert not _common_9gram(distinct[i], distinct[j])
+    # link IDs: each link has its own
+    links = defaultdict(set)
+    for node, _, link, _ in taps.seen:
+        if link:
+            links[link].add(node)
+    assert all(len(nodes_) <= 2 for nodes_ in links.values())  # only the two ends of a link
+
+
+async def test_killing_n_minus_k_relays_mid_request_still_answers(net):
+    me, nodes, model, _ = net
+    model.gate = asyncio.Event()
+    task = asyncio.ensure_future(me.ask(PROMPT))
+    await asyncio.wait_for(model.received.wait(), 10)
+    await asyncio.sleep(0.1)
+    used = [p for p in me.paths.pool.paths.values() if p.sends]
+    victim = _relay_only_on_one_path(used)
+    await _node_at(nodes, victim).stop()
+    model.gate.set()
+    answer = await asyncio.wait_for(task, 30)
+    assert answer.text == ECHO_PREFIX + PROMPT
+
+
+async def test_killing_more_than_n_minus_k_gives_clear_error_then_paths_are_rebuilt(net):
+    me, nodes, model, _ = net
+    model.gate = asyncio.Event()
+    task = asyncio.ensure_future(me.ask(PROMPT))
+    await asyncio.wait_for(model.received.wait(), 10)
+    await asyncio.sleep(0.1)
+    used = [p for p in me.paths.pool.paths.values() if p.sends]
+    victims = {_relay_only_on_one_path([p]) for p in used[:2]}
+    for v in victims:
+        await _node_at(nodes, v).stop()
+    model.gate.set()
+    with pytest.raises(AskError) as err:
+        await asyncio.wait_for(task, 30)
+    assert "no model node answered" in str(err.value) and "no_answer" in str(err.value)
+    model.gate = None
+    model.received.clear()
+    answer = await asyncio.wait_for(me.ask(PROMPT), 30)
+    assert answer.text == ECHO_PREFIX + PROMPT
+    assert not {r for p in answer.paths for r in p} & victims
+
+
+async def test_a_verifier_challenge_looks_like_a_user_ask_on_the_wire(net):
+    me, nodes, model, taps = net
+    await me.ask(PROMPT)  # warm channels
+    await _quiet(taps)
+    taps.seen.clear()
+    await me.ask(PROMPT.upper())
+    await _quiet(taps)
+    user_shape = sorted((e, len(l), len(p)) for _, e, l, p in taps.seen)
+    taps.seen.clear()
+    await me.ask(PROMPT, node_id=model.keys.identity.node_id_hex)  # how verifiers probe one node
+    await _quiet(taps)
+    challenge_shape = sorted((e, len(l), len(p)) for _, e, l, p in taps.seen)
+    assert user_shape == challenge_shape
+
+
+async def test_bad_input_is_dropped_with_a_counted_reason(net):
+    me, nodes, model, _ = net
+    relay_node = nodes[5]
+    stub = rpc.RelayStub(me.channels.get(relay_node.address, relay_node.tls.cert_pem))
+    ack = await stub.Forward(pb.CloveEnvelope(link_id=os.urandom(16), payload=b"x" * 100), timeout=5)
+    assert (ack.ok, ack.reason) == (False, "unknown_link")
+    ack = await stub.Return(pb.CloveEnvelope(link_id=os.urandom(16), payload=b"x" * 100), timeout=5)
+    assert (ack.ok, ack.reason) == (False, "unknown_link")
+    reply = await stub.Establish(pb.EstablishRequest(onion=os.urandom(2048), return_address=me.address), timeout=5)
+    assert (reply.ok, reply.reason) == (False, "bad_onion")
+    reply = await stub.Establish(pb.EstablishRequest(onion=os.urandom(2048), return_address="10.0.0.1:1"),
+                                 timeout=5)
+    assert (reply.ok, reply.reason) == (False, "unknown_peer")
+    ack = await stub.Forward(pb.CloveEnvelope(link_id=b"", payload=b"x" * (2 * 1024 * 1024)), timeout=5)
+    assert (ack.ok, ack.reason) == (False, "oversize")
+    assert relay_node.relay.drops.as_dict() == {"bad_onion": 1, "oversize": 1, "unknown_link": 2,
+                                                "unknown_peer": 1}
+    # a real clove replayed on its link
+    path = next(iter(me.paths.pool.paths.values()))
+    hop = _node_at(nodes, path.first_hop)
+    captured = []
+    hop.relay.tap = lambda e, l, p: captured.append((e, l, p)) if e == "forward_in" else None
+    await me.ask(PROMPT)
+    assert captured  # all 4 paths carry every ask
+    e, link, payload = captured[0]
+    hop_stub = rpc.RelayStub(me.channels.get(hop.address, hop.tls.cert_pem))
+    ack = await hop_stub.Forward(pb.CloveEnvelope(link_id=link, payload=payload), timeout=5)
+    assert (ack.ok, ack.reason) == (False, "replay")
+    # garbage straight at the model node's intake
+    model_stub = rpc.ModelNodeStub(me.channels.get(model.address, model.tls.cert_pem))
+    ack = await model_stub.SubmitClove(pb.CloveEnvelope(payload=os.urandom(700)), timeout=5)
+    assert (ack.ok, ack.reason) == (False, "bad_seal")
+    # a reply clove of no request of ours, on one of our own links
+    own = me.relay
+    await own.Return(pb.CloveEnvelope(link_id=path.first_link, payload=os.urandom(600)), None)
+    assert me.asker.drops.counts["bad_layer"] >= 1
+    answer = await me.ask(PROMPT)  # still serving
+    assert answer.text == ECHO_PREFIX + PROMPT
+
+
+async def test_bad_model_node_is_skipped_and_session_sticks_to_the_good_one(net, tmp_path):
+    me, nodes, model, _ = net
+    impostor = EchoModelNode(tmp_path / "impostor", me.directory.path, cloves=CLOVES, params=FAST)
+    await impostor.start()
+    registered_id = impostor.record.node_id
+    # from now on it signs with a key other than the one the directory binds to its id
+    impostor.keys = dataclasses.replace(impostor.keys, identity=type(impostor.keys.identity).generate())
+    try:
+        for node in nodes:  # what each node's maintenance loop does every few seconds
+            await node.refresh_directory()
+        served = set()
+        for i in range(4):
+            answer = await me.ask(f"{PROMPT} {i}", session="s1")
+            served.add(answer.served_by)
+            bad_attempts = [a for a in answer.attempts if a.get("ok") is False]
+            assert all(a["reason"] == "bad_signature" for a in bad_attempts), [(a["reason"], a.get("detail")) for a in bad_attempts]
+        assert served == {model.keys.identity.node_id_hex}
+        assert me.asker.affinity["s1"] == model.keys.identity.node_id_hex
+        with pytest.raises(AskError) as err:
+            await me.ask(PROMPT, node_id=registered_id)
+        assert "bad_signature" in str(err.value)
+    finally:
+        await impostor.stop()
+
+
+def _node_at(nodes, address):
+    return next(n for n in nodes if n.address == address)
+
+
+def _relay_only_on_one_path(paths) -> str:
+    counts = defaultdict(int)
+    for p in paths:
+        for r in p.relays:
+            counts[r] += 1
+    return next(r for r in paths[0].relays if counts[r] == 1)
+
+
+async def test_a_node_replying_garbage_is_dropped_counted_and_another_node_answers(net, tmp_path):
+    me, nodes, model, _ = net
+    garbler = EchoModelNode(tmp_path / "garbler", me.directory.path, cloves=CLOVES, params=FAST)
+    real_send = garbler.intake._send_chunk
+
+    def garble(query, seq, chunk):  # seal every reply with a key the user never gave
+        bad = pb.OverlayQuery()
+        bad.CopyFrom(query)
+        bad.reply_key = os.urandom(32)
+        return real_send(bad, seq, chunk)
+
+    garbler.intake._send_chunk = garble
+    await garbler.start()
+    try:
+        for node in nodes:
+            await node.refresh_directory()
+        answer = await me.ask(PROMPT, node_id=None)
+        while garbler.keys.identity.node_id_hex not in [a["node"] for a in answer.attempts]:
+            answer = await me.ask(PROMPT)  # until the random choice tried the garbler first
+        assert answer.text == ECHO_PREFIX + PROMPT and answer.served_by == model.keys.identity.node_id_hex
+        assert answer.attempts[0]["reason"] == "no_answer"
+        assert me.asker.drops.counts["unknown_request"] >= 3
+    finally:
+        await garbler.stop()

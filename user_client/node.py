@@ -1,0 +1,202 @@
+"""A user node, programmatically: relay for others, keep proxy paths, ask (DESIGN.md §1).
+
+    node = UserNode(home, StaticDirectory(path))          # or any Directory
+    await node.start()                                      # keys, TLS, Relay server, register, paths
+    answer = await node.ask("What is 2+2?", model="smollm2-135m")
+    async for item in node.ask_stream(...): ...             # Delta ..., then one Answer
+    await node.stop()
+
+`gt-user` (user_client.cli) and the OpenAI-compatible API (user_client.openai_api) are thin
+layers over this class; verifiers use `ask` with `node_id=` to probe one model node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
+from gentorrent.crypto import tls
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.overlay.channels import ChannelPool
+from gentorrent.overlay.relay import Relay, Tap
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from user_client.asking import Answer, AskError, Asker, Delta
+from user_client.directory import Directory, DirectoryIndex, UserRecord
+from user_client.paths import PathManager
+
+log = logging.getLogger(__name__)
+
+__all__ = ["UserNode", "Answer", "AskError", "Delta", "make_request"]
+
+
+def make_request(prompt: str | None = None, messages: list[dict] | None = None,
+                 model: str = MODEL_NODE.default_model, max_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
+                 session: str | None = None, stream: bool = False) -> pb.GenerateRequest:
+    """The GenerateRequest an ask carries (the same for users and verifiers' challenges)."""
+    if (prompt is None) == (messages is None):
+        raise ValueError("give exactly one of prompt or messages")
+    sampling = pb.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                 has_seed=seed is not None, seed=seed or 0, stop=stop or [])
+    request = pb.GenerateRequest(model=model, sampling=sampling, session_id=session or "", stream=stream)
+    if prompt is not None:
+        request.prompt = prompt
+    else:
+        request.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages)
+    return request
+
+
+class UserNode:
+    def __init__(
+        self,
+        home: Path,
+        directory: Directory,
+        listen: str = "127.0.0.1:0",
+        region: str = "default",
+        cloves: CloveParams = CLOVES,
+        params: OverlayParams = OVERLAY,
+        rng: random.Random | None = None,
+        tap: Tap | None = None,
+        maintain: bool = True,
+    ) -> None:
+        self.home = Path(home)
+        self.directory = directory
+        self.listen = listen
+        self.region = region
+        self.cloves = cloves
+        self.params = params
+        self.rng = rng
+        self.tap = tap
+        self.maintain = maintain
+        self.keys = NodeKeys.load_or_create(self.home)
+        self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
+        self.node_id_hex = self.keys.identity.node_id_hex
+        self.address = ""
+        self.started_at = 0.0
+        self._server = None
+        self._tasks: list[asyncio.Task] = []
+        self.index: DirectoryIndex | None = None
+        self.relay: Relay | None = None
+        self.paths: PathManager | None = None
+        self.asker: Asker | None = None
+        self.channels = ChannelPool()
+        self._last_miss_refresh = 0.0
+
+    @property
+    def record(self) -> UserRecord:
+        return UserRecord(self.node_id_hex, self.keys.identity.public_key, self.address,
+                          self.keys.onion.public_key, self.tls.cert_pem, self.region)
+
+    async def start(self, build_paths: bool = True) -> None:
+        """Listen, register with the directory, then (optionally) build the first paths."""
+        server, port = tls.new_server(self.tls, self.listen)
+        host = self.listen.rpartition(":")[0]
+        self.address = f"{host}:{port}"
+        self.index = DirectoryIndex(self.directory)
+        self.relay = Relay(self.keys.onion, self.address, self._relay_cert, self._model_cert, self.channels,
+                           self.node_id_hex, self.params, tap=self.tap)
+        rpc.add_RelayServicer_to_server(self.relay, server)
+        await server.start()
+        self._server = server
+        self.started_at = time.time()
+        await self.directory.register_user(self.record)
+        await self.refresh_directory()
+        self.paths = PathManager(self.directory, self.relay, self.channels, self.node_id_hex, self.region,
+                                 self._on_return, self.cloves, self.params, rng=self.rng)
+        self.asker = Asker(self.directory, self.paths, self.channels, self.cloves, self.params, rng=self.rng)
+        if build_paths:
+            await self.paths.fill()
+        if self.maintain:
+            self._tasks.append(asyncio.ensure_future(self._maintenance()))
+
+    async def _on_return(self, path, blob: bytes) -> None:
+        await self.asker.on_return(path, blob)
+
+    def _relay_cert(self, address: str) -> bytes | None:
+        cert = self.index.relay_cert(address)
+        if cert is None:
+            self._refresh_soon()
+        return cert
+
+    def _model_cert(self, address: str) -> bytes | None:
+        cert = self.index.model_cert(address)
+        if cert is None:
+            self._refresh_soon()
+        return cert
+
+    def _refresh_soon(self) -> None:
+        """A peer we do not know yet may just have registered: look again (at most once a second)."""
+        now = time.monotonic()
+        if now - self._last_miss_refresh < 1.0 or not self._server:
+            return
+        self._last_miss_refresh = now
+        task = asyncio.get_running_loop().create_task(self.refresh_directory())
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+
+    async def refresh_directory(self) -> None:
+        await self.directory.refresh()
+        self.index.rebuild()
+
+    async def _maintenance(self) -> None:
+        while True:
+            await asyncio.sleep(self.params.maintenance_interval_s)
+            try:
+                await self.refresh_directory()
+                self.relay.expire()
+                await self.paths.fill()
+            except Exception as exc:  # keep relaying; report through status
+                log.info("maintenance round failed: %s", exc)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+        await self.channels.close()
+
+    # ------------------------------------------------------------------ asking
+
+    async def ask_stream(self, prompt: str | None = None, messages: list[dict] | None = None,
+                         model: str = MODEL_NODE.default_model, session: str | None = None,
+                         node_id: str | None = None, **sampling) -> AsyncIterator[Delta | Answer]:
+        """Deltas as the answer streams in, then one Answer. Raises AskError if nobody answered."""
+        request = make_request(prompt, messages, model, session=session, stream=True, **sampling)
+        async for item in self.asker.ask_stream(request, node_id=node_id):
+            yield item
+
+    async def ask(self, prompt: str | None = None, messages: list[dict] | None = None,
+                  model: str = MODEL_NODE.default_model, session: str | None = None,
+                  node_id: str | None = None, **sampling) -> Answer:
+        request = make_request(prompt, messages, model, session=session, stream=False, **sampling)
+        return await self.ask_request(request, node_id=node_id)
+
+    async def ask_request(self, request: pb.GenerateRequest, node_id: str | None = None) -> Answer:
+        """Ask with a ready GenerateRequest (what verifiers' challenges use)."""
+        answer = None
+        async for item in self.asker.ask_stream(request, node_id=node_id, buffered=True):
+            if isinstance(item, Answer):
+                answer = item
+        if answer is None:  # pragma: no cover - ask_stream always ends with an Answer or raises
+            raise AskError("no answer")
+        return answer
+
+    def status(self) -> dict:
+        return {
+            "node_id": self.node_id_hex,
+            "address": self.address,
+            "region": self.region,
+            "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0,
+            "paths": self.paths.status() if self.paths else {},
+            "relay": self.relay.status() if self.relay else {},
+            "asking": self.asker.status() if self.asker else {},
+        }

@@ -1,0 +1,290 @@
+"""Proxy paths of a user node (DESIGN.md §3.2): choose relays, establish, renew, repair.
+
+A user keeps N >= n established paths of l relays each; the last relay of a path is one of the
+user's proxies. Relays come from the directory: same region, never the user itself, least
+used first so that paths overlap as little as the region allows. A path is tried, not
+trusted: one that fails a send, or whose reply clove never came back, is marked failed and
+replaced at once; every path is renewed after `path_renewal_s` anyway.
+
+`PathPool` and `choose_relays` are pure (time and rng passed in); `PathManager` is the async
+shell that talks to relays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import grpc
+
+from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
+from gentorrent.crypto import onion
+from gentorrent.overlay.channels import ChannelPool
+from gentorrent.overlay.relay import CONFIRMATION, Relay
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from user_client.directory import Directory, UserRecord
+
+log = logging.getLogger(__name__)
+
+
+class NotEnoughRelays(RuntimeError):
+    """The directory has too few usable relays in this region for one path."""
+
+
+@dataclass
+class ProxyPath:
+    path_id: int
+    relays: tuple[str, ...]  # relay addresses, first hop first; the last one is the proxy
+    secrets: onion.PathSecrets
+    built_at: float
+    failed: bool = False
+    sends: int = 0
+    replies: int = 0
+
+    @property
+    def proxy(self) -> str:
+        return self.relays[-1]
+
+    @property
+    def first_hop(self) -> str:
+        return self.relays[0]
+
+    @property
+    def first_link(self) -> bytes:
+        return self.secrets.first_link
+
+    @property
+    def reply_link(self) -> bytes:
+        return self.secrets.reply_link
+
+    def describe(self) -> dict:
+        return {"id": self.path_id, "relays": list(self.relays), "failed": self.failed,
+                "sends": self.sends, "replies": self.replies}
+
+
+def choose_relays(
+    users: list[UserRecord], self_id: str, region: str, length: int, rng: random.Random,
+    usage: Counter | None = None, exclude: set[str] = frozenset(),
+) -> list[UserRecord]:
+    """`length` distinct relays of `region`, never `self_id`, the least used first."""
+    pool = [u for u in users if u.region == region and u.node_id != self_id and u.address not in exclude]
+    if len(pool) < length:
+        raise NotEnoughRelays(f"{len(pool)} usable relays in region {region!r}, a path needs {length}")
+    usage = usage or Counter()
+    rng.shuffle(pool)
+    pool.sort(key=lambda u: usage[u.address])  # stable: random among equally used
+    chosen = pool[:length]
+    rng.shuffle(chosen)
+    return chosen
+
+
+class PathPool:
+    """The user's established paths and the decisions about them (pure)."""
+
+    def __init__(self, keep: int, renewal_s: float) -> None:
+        self.keep = keep
+        self.renewal_s = renewal_s
+        self.paths: dict[int, ProxyPath] = {}
+        self._by_link: dict[bytes, ProxyPath] = {}
+
+    def add(self, path: ProxyPath) -> None:
+        self.paths[path.path_id] = path
+        self._by_link[path.first_link] = path
+
+    def remove(self, path: ProxyPath) -> None:
+        self.paths.pop(path.path_id, None)
+
+    def forget_link(self, link: bytes) -> None:
+        self._by_link.pop(link, None)
+
+    def by_first_link(self, link: bytes) -> ProxyPath | None:
+        return self._by_link.get(link)
+
+    def usable(self, now: float) -> list[ProxyPath]:
+        return [p for p in self.paths.values() if not p.failed and now - p.built_at < self.renewal_s]
+
+    def stale(self, now: float) -> list[ProxyPath]:
+        """Paths to retire: failed, or older than the renewal period."""
+        return [p for p in self.paths.values() if p.failed or now - p.built_at >= self.renewal_s]
+
+    def missing(self, now: float) -> int:
+        return max(0, self.keep - len(self.usable(now)))
+
+    def relay_usage(self, now: float) -> Counter:
+        return Counter(r for p in self.usable(now) for r in p.relays)
+
+    def pick(self, n: int, now: float, rng: random.Random) -> list[ProxyPath]:
+        """n usable paths, distinct proxies first, least used first (ties at random)."""
+        usable = self.usable(now)
+        rng.shuffle(usable)
+        usable.sort(key=lambda p: p.sends)
+        chosen, proxies = [], set()
+        for p in usable:
+            if p.proxy not in proxies:
+                chosen.append(p)
+                proxies.add(p.proxy)
+        chosen += [p for p in usable if p not in chosen]
+        return chosen[:n]
+
+
+class PathManager:
+    """Builds and maintains the paths of one user node (async shell over PathPool)."""
+
+    def __init__(
+        self,
+        directory: Directory,
+        relay: Relay,
+        channels: ChannelPool,
+        self_id: str,
+        region: str,
+        on_return: Callable[[ProxyPath, bytes], Awaitable[None]],
+        cloves: CloveParams = CLOVES,
+        params: OverlayParams = OVERLAY,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.relay = relay
+        self.channels = channels
+        self.self_id = self_id
+        self.region = region
+        self.on_return = on_return
+        self.cloves = cloves
+        self.params = params
+        self.rng = rng or random.SystemRandom()  # relay choice; seeded only in tests
+        self.clock = clock
+        self.pool = PathPool(cloves.proxies_kept, cloves.path_renewal_s)
+        self._ids = itertools.count(1)
+        self._fill_lock = asyncio.Lock()
+        self._suspect_hops: Counter = Counter()
+        self._building: Counter = Counter()
+        self.built = 0
+        self.build_failures = 0
+        self._repair: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ building
+
+    async def build_one(self) -> ProxyPath | None:
+        """Try up to `build_attempts` relay choices; None if none holds."""
+        for _ in range(self.params.build_attempts):
+            exclude = {a for a, n in self._suspect_hops.items() if n >= 2}
+            usage = self.pool.relay_usage(self.clock()) + self._building
+            try:
+                relays = choose_relays(self.directory.users(), self.self_id, self.region,
+                                       self.cloves.path_length, self.rng, usage, exclude)
+            except NotEnoughRelays:
+                if not exclude:
+                    raise
+                self._suspect_hops.clear()
+                continue
+            addresses = Counter(r.address for r in relays)
+            self._building += addresses  # concurrent builds spread over other relays
+            try:
+                path = await self._establish(relays)
+            finally:
+                self._building -= addresses
+            if path is not None:
+                return path
+        return None
+
+    async def _establish(self, relays: list[UserRecord]) -> ProxyPath | None:
+        hops = [onion.HopSpec(r.address, r.onion_key) for r in relays]
+        onion_bytes, secrets = onion.build_onion(hops)  # keys and link IDs from the OS CSPRNG
+        first = relays[0]
+        stub = rpc.RelayStub(self.channels.get(first.address, first.tls_cert))
+        # register before establishing, so no Return can arrive unrouted
+        path = ProxyPath(next(self._ids), tuple(r.address for r in relays), secrets, self.clock())
+        try:
+            reply = await stub.Establish(
+                pb.EstablishRequest(onion=onion_bytes, return_address=self.relay.address),
+                timeout=self.params.establish_timeout_s,
+            )
+            ok = reply.ok and onion.unwrap_return(secrets, reply.confirmation) == CONFIRMATION
+        except grpc.aio.AioRpcError:
+            self._suspect_hops[first.address] += 2  # the first hop itself is unreachable
+            self.build_failures += 1
+            return None
+        except onion.CloveLayerError:
+            ok = False
+        if not ok:
+            for r in relays:
+                self._suspect_hops[r.address] += 1
+            self.build_failures += 1
+            return None
+        for r in relays:
+            self._suspect_hops.pop(r.address, None)
+        self.pool.add(path)
+        self.relay.add_endpoint(path.first_link, self._deliver)
+        self.built += 1
+        return path
+
+    async def _deliver(self, link_id: bytes, blob: bytes) -> None:
+        path = self.pool.by_first_link(link_id)
+        if path is not None:
+            await self.on_return(path, blob)
+
+    async def fill(self) -> int:
+        """Retire stale paths and build until N usable paths are held; returns usable count."""
+        async with self._fill_lock:
+            now = self.clock()
+            for path in self.pool.stale(now):
+                self._retire(path)
+            missing = self.pool.missing(now)
+            if missing:
+                await self.directory.refresh()
+                results = await asyncio.gather(*(self.build_one() for _ in range(missing)),
+                                               return_exceptions=True)
+                for r in results:
+                    if isinstance(r, BaseException) and not isinstance(r, Exception):
+                        raise r
+            return len(self.pool.usable(self.clock()))
+
+    def _retire(self, path: ProxyPath) -> None:
+        """Stop using `path`; its reply link keeps working for a grace period (late replies)."""
+        self.pool.remove(path)
+        grace = self.params.first_reply_timeout_s + self.params.reply_idle_timeout_s
+
+        def drop_endpoint() -> None:
+            self.relay.remove_endpoint(path.first_link)
+            self.pool.forget_link(path.first_link)
+
+        asyncio.get_running_loop().call_later(grace, drop_endpoint)
+
+    def mark_failed(self, path: ProxyPath) -> None:
+        """A path failed a send or lost a reply: replace it now, in the background."""
+        if path.failed:
+            return
+        path.failed = True
+        if self._repair is None or self._repair.done():
+            self._repair = asyncio.get_running_loop().create_task(self._fill_quietly())
+
+    async def _fill_quietly(self) -> None:
+        try:
+            await self.fill()
+        except Exception as exc:  # reported by status; the maintenance loop retries
+            log.info("path repair failed: %s", exc)
+
+    async def pick(self, n: int) -> list[ProxyPath]:
+        """n paths to ask over, building more first when fewer than n are usable."""
+        if len(self.pool.usable(self.clock())) < n:
+            await self.fill()
+        return self.pool.pick(n, self.clock(), self.rng)
+
+    def spare(self, exclude: list[ProxyPath]) -> ProxyPath | None:
+        """A usable path not in `exclude` (to resend a clove whose path failed)."""
+        used = {p.path_id for p in exclude}
+        spare = [p for p in self.pool.usable(self.clock()) if p.path_id not in used]
+        return min(spare, key=lambda p: p.sends) if spare else None
+
+    def status(self) -> dict:
+        now = self.clock()
+        return {"usable": len(self.pool.usable(now)), "keep": self.pool.keep, "built": self.built,
+                "build_failures": self.build_failures,
+                "paths": [p.describe() for p in self.pool.paths.values()]}
