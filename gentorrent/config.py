@@ -227,6 +227,10 @@ class ConsensusTimeouts:
     precommit_s: float = 1.0
     precommit_delta_s: float = 0.5
     commit_s: float = 1.0  # wait after a decision before the next height
+    # Messages for rounds further ahead are ignored: proposer selection costs O(rounds skipped),
+    # so an unbounded round number would let one message stall a validator. Honest rounds only
+    # advance by timeouts, so 1000 rounds ahead means a peer has been partitioned for hours.
+    max_rounds_ahead: int = 1000
 
     def propose(self, round_: int) -> float:
         return self.propose_s + round_ * self.propose_delta_s

@@ -135,7 +135,7 @@ class Asker:
         self.rng = rng or random.SystemRandom()
         self.clock = clock
         self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
-                                  max_cloves=cloves.n)
+                                  max_cloves=cloves.n, n=cloves.n)
         self.drops = DropCounter()
         self.affinity: dict[str, str] = {}  # session id -> model node id
         self._pending: dict[bytes, _Pending] = {}

@@ -46,6 +46,9 @@ KEY_BYTES = 32
 TAG_BYTES = 16
 MAX_N = 255  # evaluation points are the non-zero elements of GF(256)
 MAX_SUBSETS = 4096  # bound on decode attempts in one combine()
+#: bound on the work of one combine(), in units of k^3 (a k x k inversion per attempt): 4096
+#: attempts at k = 3, one at k = 128, so hostile headers cannot buy seconds of CPU
+MAX_DECODE_WORK = MAX_SUBSETS * 27
 _NONCE = bytes(12)
 
 
@@ -145,15 +148,19 @@ def _subsets(cands: list[bytes], k: int) -> Iterable[tuple[bytes, ...]]:
             yield subset
 
 
-def combine(cloves: list[bytes]) -> bytes:
-    """Rebuild the message from any >= k cloves of it, in any order; skips corrupted ones."""
+def combine(cloves: list[bytes], *, expect: tuple[int, int] | None = None) -> bytes:
+    """Rebuild the message from any >= k cloves of it, in any order; skips corrupted ones.
+
+    `expect=(n, k)`: a receiver that knows the parameters it uses (the overlay does) treats
+    cloves claiming other ones as malformed, so a hostile header cannot pick an expensive k.
+    """
     if not isinstance(cloves, (list, tuple)):
         raise CloveError("combine() takes a list of cloves")
     groups: dict[tuple[int, int, int], list[bytes]] = {}
     malformed = 0
     for clove in cloves:
         meta = _parse(clove)
-        if meta is None:
+        if meta is None or (expect is not None and meta[:2] != tuple(expect)):
             malformed += 1
             continue
         group = groups.setdefault((meta[0], meta[1], len(clove)), [])
@@ -165,12 +172,13 @@ def combine(cloves: list[bytes]) -> bytes:
             f"fewer than k well-formed cloves of one message ({len(cloves)} given, {malformed} malformed)"
         )
     viable.sort(key=lambda item: -len(item[1]))
-    attempts = 0
+    attempts = work = 0
     for (n, k, _), cands in viable:
         cands.sort(key=lambda c: c[3])
         for subset in _subsets(cands, k):
-            if attempts >= MAX_SUBSETS:
-                raise CloveDecodeError(f"gave up after {MAX_SUBSETS} k-subsets")
+            work += max(k, 3) ** 3
+            if attempts >= MAX_SUBSETS or work > MAX_DECODE_WORK:
+                raise CloveDecodeError(f"gave up after {attempts} k-subsets (decode budget spent)")
             attempts += 1
             message = _decode(n, k, subset)
             if message is not None:

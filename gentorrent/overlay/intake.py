@@ -63,7 +63,7 @@ class CloveIntake:
         self.max_active = max_active
         self.clock = clock
         self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
-                                  max_cloves=params.max_routes)
+                                  max_cloves=params.max_routes, n=cloves.n)
         self.refresh = refresh
         self._last_refresh = float("-inf")
         self.drops = DropCounter()

@@ -25,8 +25,9 @@ class _Group:
 
 class CloveGroups:
     def __init__(self, k: int, max_groups: int, timeout_s: float, max_cloves: int = 16,
-                 remember_done: int = 4096) -> None:
+                 remember_done: int = 4096, n: int | None = None) -> None:
         self.k = k
+        self.expect = (n, k) if n is not None else None  # cloves claiming other (n, k) are junk
         self.max_groups = max_groups
         self.timeout_s = timeout_s
         self.max_cloves = max_cloves
@@ -56,7 +57,7 @@ class CloveGroups:
         if len(group.cloves) < self.k:
             return None
         try:
-            message = sida.combine(group.cloves)
+            message = sida.combine(group.cloves, expect=self.expect)
         except sida.CloveError as exc:
             if len(group.cloves) >= self.max_cloves:
                 self.finish(key)

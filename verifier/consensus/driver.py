@@ -169,6 +169,9 @@ class Driver:
             return [NeedBlock(self.height, msg.validator)]
         if msg.height < self.height or self.decided:
             return []
+        if msg.round > max(self.sm.round, 0) + self.timeouts.max_rounds_ahead:
+            log.debug("message for round %d, far beyond round %d: ignored", msg.round, self.sm.round)
+            return []
         if isinstance(msg, Proposal):
             return self._on_proposal(msg)
         return self._on_vote(msg)
@@ -219,11 +222,13 @@ class Driver:
         assert self.sm is not None
         if p.round in self.sm.proposals:
             return []
+        # the signature first: it is cheap, and proposer selection costs O(round)
+        if not 0 <= p.validator < len(self.validators) or \
+                not p.signed_by(self.chain_id, self.validators[p.validator].public_key):
+            log.debug("badly signed proposal at %d/%d", p.height, p.round)
+            return []
         if p.validator != self.validators.proposer(p.height, p.round):
             log.debug("proposal from a non-proposer %d at %d/%d", p.validator, p.height, p.round)
-            return []
-        if not p.signed_by(self.chain_id, self.validators[p.validator].public_key):
-            log.debug("badly signed proposal at %d/%d", p.height, p.round)
             return []
         if p.validator == self.me:
             self._own[(p.round, Step.PROPOSE)] = p
