@@ -1,0 +1,100 @@
+"""Signed reply receipts: who served what, with which parameters, when.
+
+Verifiers score a model node on the replies it signed, so a receipt must bind everything a
+node could lie about: its id, the model it claims to run, the exact prompt (hash), the exact
+output tokens (hash), the sampling parameters (hash) and the time. Hashes are over canonical
+encodings defined here, not over protobuf bytes (protobuf serialisation is not canonical
+across implementations). The signature is Ed25519 over a domain-separated, length-prefixed
+concatenation, so no two different receipts share a signed message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Iterable, Sequence
+
+from gentorrent.crypto.keys import Identity, SignatureError, node_id_of, verify_signature
+from gentorrent.wire import gentorrent_pb2 as pb
+
+DOMAIN = b"gentorrent/reply-receipt/v1\x00"
+
+
+class ReceiptError(ValueError):
+    """A receipt does not match the reply, or its signature does not verify."""
+
+
+def _lp(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def prompt_hash(prompt: str = "", messages: Iterable[tuple[str, str]] = ()) -> bytes:
+    """SHA-256 of the request's prompt as the client wrote it (before any chat template).
+
+    A raw prompt and a chat transcript are tagged differently, so a transcript can never
+    hash like some raw prompt.
+    """
+    msgs = list(messages)
+    h = hashlib.sha256()
+    if msgs:
+        h.update(b"chat\x00" + struct.pack(">I", len(msgs)))
+        for role, content in msgs:
+            h.update(_lp(role.encode()) + _lp(content.encode()))
+    else:
+        h.update(b"text\x00" + _lp(prompt.encode()))
+    return h.digest()
+
+
+def request_prompt_hash(request: pb.GenerateRequest) -> bytes:
+    return prompt_hash(request.prompt, ((m.role, m.content) for m in request.messages))
+
+
+def output_hash(token_ids: Sequence[int]) -> bytes:
+    """SHA-256 of the output token ids as int32 little-endian (the proto's definition)."""
+    return hashlib.sha256(struct.pack(f"<{len(token_ids)}i", *token_ids)).digest()
+
+
+def sampling_hash(s: pb.SamplingParams) -> bytes:
+    """SHA-256 of a fixed-layout encoding of the sampling parameters as requested."""
+    body = struct.pack(">ffiI?QI", s.temperature, s.top_p, s.top_k, s.max_tokens, s.has_seed,
+                       s.seed, len(s.stop))
+    body += b"".join(_lp(x.encode()) for x in s.stop)
+    return hashlib.sha256(b"sampling\x00" + body).digest()
+
+
+def signed_message(r: pb.ReplyReceipt) -> bytes:
+    return (DOMAIN + _lp(r.node_id) + _lp(r.model.encode()) + _lp(r.prompt_hash)
+            + _lp(r.output_hash) + _lp(r.sampling_hash) + struct.pack(">Q", r.time_ms))
+
+
+def make_receipt(identity: Identity, model: str, request: pb.GenerateRequest,
+                 output_token_ids: Sequence[int], time_ms: int) -> pb.ReplyReceipt:
+    receipt = pb.ReplyReceipt(
+        node_id=identity.node_id, model=model, prompt_hash=request_prompt_hash(request),
+        output_hash=output_hash(output_token_ids), sampling_hash=sampling_hash(request.sampling),
+        time_ms=time_ms,
+    )
+    receipt.signature = identity.sign(signed_message(receipt))
+    return receipt
+
+
+def verify_receipt(receipt: pb.ReplyReceipt, public_key: bytes,
+                   request: pb.GenerateRequest | None = None,
+                   output_token_ids: Sequence[int] | None = None) -> None:
+    """Raise ReceiptError unless `receipt` is signed by `public_key` (and, when given,
+    covers exactly `request` and `output_token_ids`)."""
+    if receipt.node_id != node_id_of(public_key):
+        raise ReceiptError("receipt names a node other than the key's owner")
+    try:
+        verify_signature(public_key, receipt.signature, signed_message(receipt))
+    except SignatureError as exc:
+        raise ReceiptError("receipt signature does not verify") from exc
+    if request is not None:
+        if receipt.prompt_hash != request_prompt_hash(request):
+            raise ReceiptError("receipt covers a different prompt")
+        if receipt.sampling_hash != sampling_hash(request.sampling):
+            raise ReceiptError("receipt covers different sampling parameters")
+        if request.model and receipt.model != request.model:
+            raise ReceiptError("receipt names a different model")
+    if output_token_ids is not None and receipt.output_hash != output_hash(output_token_ids):
+        raise ReceiptError("receipt covers different output tokens")
