@@ -1,0 +1,200 @@
+"""Epoch result logic: ProcessProposal checks, missing replies, faulty leaders (pure)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verifier.epochs import challenges as ch
+from verifier.epochs import epoch as ep
+from verifier.epochs import reputation as rep
+
+NODES = ["m-honest", "m-pruned", "m-other"]
+KEYS = {n: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, n in enumerate(NODES)}
+MODELS = {n: "smollm2-135m" for n in NODES}
+
+
+def _payload(r: ep.SignedReply) -> bytes:
+    return json.dumps([r.node_id, r.prompt, r.model, r.reply]).encode()
+
+
+def signed(node_id: str, prompt: str, reply: str, model: str = "smollm2-135m") -> ep.SignedReply:
+    unsigned = ep.SignedReply(node_id, prompt, model, reply, b"")
+    return replace(unsigned, signature=KEYS[node_id].sign(_payload(unsigned)))
+
+
+def check_signature(r: ep.SignedReply) -> bool:
+    try:
+        KEYS[r.node_id].public_key().verify(r.signature, _payload(r))
+        return True
+    except (InvalidSignature, KeyError):
+        return False
+
+
+def setup_epoch():
+    reveals = [ch.Reveal(n, bytes([i]) * 32, f"Question number {i} about topic {n}?") for i, n in enumerate(NODES)]
+    plan = ch.make_plan(9, reveals)
+    prompts = ch.check_reveals(plan, reveals)
+    replies = {n: signed(n, prompts[n], f"answer of {n}") for n in NODES}
+    scores = {"m-honest": 0.93, "m-pruned": 0.12, "m-other": 0.31}
+    proposal = ep.EpochProposal(9, "v0", {n: ep.ReplyOutcome(replies[n], scores[n]) for n in NODES})
+    return plan, prompts, proposal, scores
+
+
+def judge(plan, prompts, proposal, my_scores):
+    return ep.judge_proposal(plan, prompts, proposal, MODELS, check_signature, my_scores)
+
+
+def test_intact_proposal_with_matching_scores_is_accepted():
+    plan, prompts, proposal, scores = setup_epoch()
+    assert judge(plan, prompts, proposal, scores).accept
+    nudged = {n: s + 0.04 for n, s in scores.items()}  # within EPOCHS.score_tolerance = 0.05
+    assert judge(plan, prompts, proposal, nudged).accept
+    assert set(ep.replies_to_score(proposal)) == set(NODES)
+
+
+def test_faulty_leader_proposals_are_rejected():
+    plan, prompts, proposal, scores = setup_epoch()
+    out = dict(proposal.outcomes)
+    cases = {}
+    # skips a node
+    cases["skip"] = replace(proposal, outcomes={n: o for n, o in out.items() if n != "m-pruned"})
+    # alters a reply (the node's signature no longer matches)
+    r = out["m-honest"].reply
+    cases["alter reply"] = replace(proposal, outcomes={**out, "m-honest": ep.ReplyOutcome(replace(r, reply="garbage"), 0.93)})
+    # sent an altered prompt (the node honestly signed what it got)
+    bad_prompt = signed("m-honest", "A different question?", "answer")
+    cases["alter prompt"] = replace(proposal, outcomes={**out, "m-honest": ep.ReplyOutcome(bad_prompt, 0.93)})
+    # a reply from a node claiming another model
+    other_model = signed("m-other", prompts["m-other"], "answer", model="gemma3-270m")
+    cases["model"] = replace(proposal, outcomes={**out, "m-other": ep.ReplyOutcome(other_model, 0.31)})
+    # lowers an honest node's score
+    cases["score"] = replace(proposal, outcomes={**out, "m-honest": ep.ReplyOutcome(r, 0.5)})
+    # attributes one node's reply to another
+    cases["swap"] = replace(proposal, outcomes={**out, "m-other": out["m-honest"]})
+    cases["epoch"] = replace(proposal, epoch=10)
+    cases["extra"] = replace(proposal, outcomes={**out, "m-ghost": ep.MissingOutcome("m-ghost")})
+    for name, bad in cases.items():
+        verdict = judge(plan, prompts, bad, scores)
+        assert not verdict.accept and verdict.reasons, name
+    assert not judge(plan, prompts, proposal, {"m-honest": 0.93}).accept  # could not score
+
+
+def test_missing_reply_reported_without_penalty_is_accepted():
+    plan, prompts, proposal, scores = setup_epoch()
+    out = {**proposal.outcomes, "m-honest": ep.MissingOutcome("m-honest", "no reply")}
+    assert judge(plan, prompts, replace(proposal, outcomes=out), scores).accept
+
+
+COMMITTEE = ["v0", "v1", "v2", "v3"]
+
+
+def record_with(proposal, plan):
+    return ep.apply_result(ep.start_epoch(9, "v0", COMMITTEE, plan), proposal)
+
+
+def test_all_replies_done_and_reputation_applied():
+    plan, _, proposal, scores = setup_epoch()
+    rec = record_with(proposal, plan)
+    assert rec.phase == ep.Phase.DONE
+    assert ep.epoch_credibilities(rec) == scores
+    states = ep.finalize_reputations({n: rep.initial_state() for n in NODES}, rec)
+    assert states["m-pruned"].reputation == pytest.approx(0.4 + 0.6 * 0.12)
+
+
+def test_leader_drops_honest_reply_and_is_caught():
+    plan, _, proposal, _ = setup_epoch()
+    out = {**proposal.outcomes, "m-honest": ep.MissingOutcome("m-honest")}
+    rec = record_with(replace(proposal, outcomes=out), plan)
+    assert rec.phase == ep.Phase.RESOLVING and rec.missing == ("m-honest",)
+    for v in ("v1", "v2"):
+        rec = ep.apply_probe_report(rec, ep.ProbeReport(v, "m-honest", True))
+        assert rec.phase == ep.Phase.RESOLVING
+    rec = ep.apply_probe_report(rec, ep.ProbeReport("v3", "m-honest", True))
+    assert rec.phase == ep.Phase.ABORTED and rec.faulty_leader
+    before = {n: rep.initial_state() for n in NODES}
+    assert ep.finalize_reputations(before, rec) == before  # nobody's reputation changes
+
+
+def test_node_that_really_does_not_answer_is_punished():
+    plan, _, proposal, scores = setup_epoch()
+    out = {**proposal.outcomes, "m-pruned": ep.MissingOutcome("m-pruned")}
+    rec = record_with(replace(proposal, outcomes=out), plan)
+    rec = ep.apply_probe_report(rec, ep.ProbeReport("v2", "m-pruned", False))
+    assert rec.phase == ep.Phase.DONE  # leader + v2 = 2 failures of 4 > 1/3: decided
+    creds = ep.epoch_credibilities(rec)
+    assert creds["m-pruned"] == 0.0 and creds["m-honest"] == scores["m-honest"]
+    with pytest.raises(ep.EpochError):  # late reports change nothing
+        ep.apply_probe_report(rec, ep.ProbeReport("v3", "m-pruned", True))
+
+
+def test_undecided_at_deadline_changes_nothing_for_that_node():
+    plan, _, proposal, scores = setup_epoch()
+    out = {**proposal.outcomes, "m-other": ep.MissingOutcome("m-other")}
+    rec = record_with(replace(proposal, outcomes=out), plan)
+    rec = ep.apply_probe_report(rec, ep.ProbeReport("v1", "m-other", True))
+    rec = ep.close_epoch(rec)
+    assert rec.phase == ep.Phase.DONE
+    assert "m-other" not in ep.epoch_credibilities(rec)
+
+
+def test_no_result_by_deadline_aborts_and_bad_transactions_raise():
+    plan, _, proposal, _ = setup_epoch()
+    rec = ep.start_epoch(9, "v0", COMMITTEE, plan)
+    assert ep.close_epoch(rec).phase == ep.Phase.ABORTED
+    with pytest.raises(ep.EpochError):
+        ep.apply_result(rec, replace(proposal, leader="v1"))
+    with pytest.raises(ep.EpochError):
+        ep.start_epoch(9, "v9", COMMITTEE, plan)
+    out = {**proposal.outcomes, "m-other": ep.MissingOutcome("m-other")}
+    rec = ep.apply_result(rec, replace(proposal, outcomes=out))
+    for bad in (
+        ep.ProbeReport("v0", "m-other", False),  # the leader
+        ep.ProbeReport("v7", "m-other", False),  # not a member
+        ep.ProbeReport("v1", "m-honest", False),  # not reported missing
+    ):
+        with pytest.raises(ep.EpochError):
+            ep.apply_probe_report(rec, bad)
+    rec = ep.apply_probe_report(rec, ep.ProbeReport("v1", "m-other", True))
+    with pytest.raises(ep.EpochError):
+        ep.apply_probe_report(rec, ep.ProbeReport("v1", "m-other", False))  # twice
+    with pytest.raises(ep.EpochError):
+        ep.apply_result(rec, proposal)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    f=st.integers(min_value=1, max_value=3),
+    data=st.data(),
+)
+def test_honest_node_never_punished_by_up_to_f_faulty_members(f, data):
+    """Leader faulty (drops the honest reply) plus up to f-1 colluding verifiers that report
+    failure; honest verifiers' successes arrive in any order, possibly not all before the
+    deadline. The honest node never gets credibility 0; with all honest reports in, the
+    leader is caught."""
+    n = 3 * f + 1
+    committee = [f"v{i}" for i in range(n)]
+    leader = committee[0]
+    colluders = committee[1 : 1 + data.draw(st.integers(min_value=0, max_value=f - 1))]
+    honest = [v for v in committee[1:] if v not in colluders]
+    reports = [ep.ProbeReport(v, "m-honest", False) for v in colluders]
+    reports += [ep.ProbeReport(v, "m-honest", True) for v in honest]
+    order = data.draw(st.permutations(reports))
+    delivered = data.draw(st.integers(min_value=0, max_value=len(order)))
+    plan = ch.make_plan(1, [ch.Reveal("m-honest", b"\x01" * 32, "How do tides work?")])
+    rec = ep.start_epoch(1, leader, committee, plan)
+    rec = ep.apply_result(rec, ep.EpochProposal(1, leader, {"m-honest": ep.MissingOutcome("m-honest")}))
+    for report in order[:delivered]:
+        if rec.phase != ep.Phase.RESOLVING:
+            break
+        rec = ep.apply_probe_report(rec, report)
+    rec = ep.close_epoch(rec)
+    assert ep.epoch_credibilities(rec).get("m-honest") is None
+    if delivered == len(order):
+        assert rec.phase == ep.Phase.ABORTED and rec.faulty_leader

@@ -1,0 +1,123 @@
+"""Reputation of one model node across verification epochs (DESIGN.md §3.5, paper §3.4).
+
+    R(T) = alpha * R(T-1) + beta * C(T)
+    and, when c / W > gamma for the c abnormal values (C < tau) among the last W credibilities,
+    R(T) = alpha * R(T-1) + (W + 1) / (W + c / gamma + 2) * C(T)
+
+The window includes C(T) itself, so a node is punished in the very epoch its abnormal count
+crosses gamma (with W = 5, gamma = 1/5 that is the second abnormal value in five epochs), and it
+holds fewer than W values at first; the count is divided by W all the same. The comparison
+c / W > gamma is made on exact fractions, so gamma = 1/5 with c = 1 is *not* a punishment
+(0.2 > 0.2 is false) on every machine. Below `untrusted_below` a node is untrusted.
+
+Why punishment is asymmetric: a cheater answering most prompts honestly must still lose its
+reputation fast, while an honest node's sampling noise must never add up to punishment; both are
+checked in tests/test_epochs_reputation.py. Every function here is pure: the committee applies
+it in FinalizeBlock to agreed credibilities, so every member computes bit-identical floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable, Mapping
+
+from gentorrent.config import REPUTATION, ReputationParams
+
+__all__ = [
+    "ReputationError",
+    "ReputationState",
+    "initial_state",
+    "update",
+    "epoch_credibility",
+    "update_all",
+    "is_punished",
+    "trusted_nodes",
+]
+
+
+class ReputationError(ValueError):
+    """A credibility or state outside its domain."""
+
+
+@dataclass(frozen=True)
+class ReputationState:
+    """What the committee keeps per model node: R, the last W credibilities, and the verdict."""
+
+    reputation: float
+    window: tuple[float, ...] = field(default=())
+    untrusted: bool = False
+    epochs: int = 0  # epochs in which the node was scored
+
+
+def initial_state(params: ReputationParams = REPUTATION) -> ReputationState:
+    """A newly registered node: full reputation, empty window, trusted."""
+    return ReputationState(reputation=params.initial_reputation)
+
+
+def _check_unit(value: float, what: str) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ReputationError(f"{what} must be a number in [0, 1], got {value!r}")
+
+
+def _gamma_fraction(gamma: float) -> Fraction:
+    return Fraction(gamma).limit_denominator(1_000_000)
+
+
+def is_punished(window: Iterable[float], params: ReputationParams = REPUTATION) -> bool:
+    """Whether the abnormal count c of `window` (which includes the current C) has c/W > gamma."""
+    c = sum(1 for value in window if value < params.abnormal_threshold)
+    return Fraction(c, params.window) > _gamma_fraction(params.gamma)
+
+
+def update(
+    state: ReputationState, credibility: float, params: ReputationParams = REPUTATION
+) -> ReputationState:
+    """One epoch's update from the node's average credibility C(T) in [0, 1]."""
+    _check_unit(credibility, "credibility")
+    _check_unit(state.reputation, "reputation")
+    if params.window < 1 or params.gamma <= 0:
+        raise ReputationError("window must be >= 1 and gamma > 0")
+    window = (state.window + (float(credibility),))[-params.window :]
+    c = sum(1 for value in window if value < params.abnormal_threshold)
+    if is_punished(window, params):
+        weight = (params.window + 1) / (params.window + c / params.gamma + 2)
+    else:
+        weight = params.beta
+    reputation = params.alpha * state.reputation + weight * credibility
+    reputation = min(1.0, max(0.0, reputation))
+    untrusted = reputation < params.untrusted_below or (params.sticky_untrusted and state.untrusted)
+    return ReputationState(reputation, window, untrusted, state.epochs + 1)
+
+
+def epoch_credibility(scores: Iterable[float]) -> float:
+    """C(T): the mean credibility of a node's challenges in one epoch (paper §3.4)."""
+    values = list(scores)
+    if not values:
+        raise ReputationError("no challenge score in this epoch")
+    for value in values:
+        _check_unit(value, "challenge score")
+    return math.fsum(values) / len(values)
+
+
+def update_all(
+    states: Mapping[str, ReputationState],
+    credibilities: Mapping[str, float],
+    params: ReputationParams = REPUTATION,
+) -> dict[str, ReputationState]:
+    """The committee-wide update of one epoch; nodes without a credibility keep their state.
+
+    Validates every input before computing anything, so bad input changes nothing.
+    """
+    for node_id, value in credibilities.items():
+        _check_unit(value, f"credibility of {node_id}")
+    out = dict(states)
+    for node_id in sorted(credibilities):
+        out[node_id] = update(states.get(node_id, initial_state(params)), credibilities[node_id], params)
+    return out
+
+
+def trusted_nodes(states: Mapping[str, ReputationState]) -> list[str]:
+    """The node ids the directory and every routing table may use, sorted."""
+    return sorted(node_id for node_id, state in states.items() if not state.untrusted)
