@@ -151,9 +151,39 @@ async def link_blackhole(ctx: Context) -> Outcome:
                    extra={"blackholed_bytes": sum(proxy.stats.blackholed.values())})
 
 
+def shared(name: str, **kwargs) -> Callable[[Context], Awaitable[Outcome]]:
+    """A scenario of gentorrent.testing.scenarios (the same code the tests/test_faults_*.py
+    assert on), run in a fresh temporary directory; its dict becomes the Outcome."""
+    async def run(ctx: Context) -> Outcome:
+        import tempfile
+
+        from gentorrent.testing import scenarios
+
+        with tempfile.TemporaryDirectory(prefix=f"gt-rel-{name}-") as tmp:
+            out = await getattr(scenarios, name)(Path(tmp), seed=ctx.seed, quick=ctx.quick, **kwargs)
+        return Outcome(**out)
+    return run
+
+
+def _relay(mode: str, what: str) -> Scenario:
+    return Scenario(f"relay-{mode}", f"{what}; that relay is on 2 of 4 paths (k = 2), real overlay",
+                    shared("relay_faults", mode=mode))
+
+
 #: THE registry: every scenario the table reports, in this order (see the module docstring).
 SCENARIOS: list[Scenario] = [
     Scenario("link-blackhole", "gRPC/TLS link blackholed, then healed (fault proxy)", link_blackhole),
+    Scenario("verifier-kill9-pause", "4 gt-verifier processes: seeded kill -9 + restart, SIGSTOP/SIGCONT",
+             shared("verifier_kills")),
+    Scenario("verifier-partition", "fault proxies: 2-2 partition, then 3-1, then heal",
+             shared("verifier_partitions")),
+    Scenario("verifier-byzantine", "validator 3 equivocates; forged-signature votes for 0..2",
+             shared("verifier_byzantine")),
+    _relay("kill", "relay killed"),
+    _relay("hang", "relay holds cloves past every deadline (paused)"),
+    _relay("drop", "relay silently drops the cloves it forwards"),
+    _relay("corrupt", "relay flips a bit in every clove it forwards"),
+    _relay("replay", "relay sends every clove twice"),
 ]
 
 

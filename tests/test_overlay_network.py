@@ -268,3 +268,25 @@ async def test_a_node_replying_garbage_is_dropped_counted_and_another_node_answe
         assert me.asker.drops.counts["unknown_request"] >= 3
     finally:
         await garbler.stop()
+
+
+async def test_a_busy_node_says_so_and_the_user_moves_on_at_once(net, tmp_path):
+    me, nodes, model, _ = net
+    busy = EchoModelNode(tmp_path / "busy", me.directory.path, cloves=CLOVES, params=FAST)
+    await busy.start()
+    busy.intake.max_active = 0  # at capacity: every query is refused
+    try:
+        for node in nodes:
+            await node.refresh_directory()
+        loop = asyncio.get_running_loop()
+        with pytest.raises(AskError) as err:
+            await me.ask(PROMPT, node_id=busy.record.node_id)
+        assert "busy" in str(err.value)
+        assert busy.intake.drops.as_dict().get("busy", 0) >= 1
+        started = loop.time()
+        answer = await me.ask(PROMPT)  # the busy node is skipped without waiting out a timeout
+        assert loop.time() - started < FAST.first_reply_timeout_s
+        assert answer.served_by == model.keys.identity.node_id_hex
+        assert not any(p.failed for p in me.paths.pool.paths.values())  # busy is not the paths' fault
+    finally:
+        await busy.stop()

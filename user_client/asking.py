@@ -28,6 +28,7 @@ from gentorrent.crypto import onion, sida
 from gentorrent.model_node import receipts
 from gentorrent.overlay import sealing
 from gentorrent.overlay.channels import ChannelPool
+from gentorrent.overlay.intake import BUSY_ERROR
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
@@ -329,8 +330,8 @@ class Asker:
                 try:
                     ack = await stub.Forward(pb.CloveEnvelope(link_id=path.first_link, payload=blob),
                                              timeout=self.params.forward_timeout_s)
-                    if ack.ok:
-                        return True
+                    if ack.ok or ack.reason == DropReason.BUSY.value:
+                        return True  # delivered; a busy node says so on the reply routes
                     log.info("path %d refused a clove: %s", path.path_id, ack.reason)
                 except grpc.aio.AioRpcError as exc:
                     log.info("path %d failed a send: %s", path.path_id, exc.code())
@@ -359,7 +360,8 @@ class Asker:
                 timings["first_chunk_ms"] = (self.clock() - t0) * 1000
             timeout = self.params.reply_idle_timeout_s
             if chunk.error:
-                raise _NodeFailed(DropReason.BAD_REPLY, f"model node error: {chunk.error}")
+                reason = DropReason.BUSY if chunk.error.startswith(BUSY_ERROR) else DropReason.BAD_REPLY
+                raise _NodeFailed(reason, f"model node error: {chunk.error}")
             if chunk.text or chunk.token_ids:
                 text.append(chunk.text)
                 token_ids.extend(chunk.token_ids)

@@ -5,6 +5,7 @@
     POST /gt/ask                (gt-user ask: JSON answer, or NDJSON lines when streaming)
     GET  /gt/status             (gt-user status)
     GET  /metrics               (Prometheus text: asks, cloves relayed / dropped by reason, paths)
+    GET  /openapi.json          (OpenAPI 3 description: user_client/openapi.json)
 
 The official `openai` client works against it unchanged (base_url=http://127.0.0.1:PORT/v1).
 Every answer comes through the anonymous overlay. Bind it to 127.0.0.1: whoever can reach
@@ -17,6 +18,7 @@ import json
 import logging
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -178,7 +180,9 @@ async def gt_ask(request: web.Request) -> web.StreamResponse:
                   "max_tokens": int(body.get("max_tokens", 256)), "temperature": float(body.get("temperature", 0.0))}
         if not 1 <= kwargs["max_tokens"] <= MODEL_NODE.max_new_tokens:
             raise BadRequest(f"max_tokens must be in 1..{MODEL_NODE.max_new_tokens}")
-    except (BadRequest, TypeError, ValueError) as exc:
+        if not all(kwargs[k] is None or isinstance(kwargs[k], str) for k in ("session", "node_id")):
+            raise BadRequest("session and node_id must be strings")
+    except (BadRequest, TypeError, ValueError, OverflowError) as exc:
         return _error(400, str(exc), "invalid_request_error")
     if not body.get("stream"):
         try:
@@ -202,6 +206,14 @@ async def gt_status(request: web.Request) -> web.Response:
     return web.json_response(request.app[NODE_KEY].status())
 
 
+OPENAPI_PATH = Path(__file__).with_name("openapi.json")
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    """The OpenAPI 3 description of this API (what schemathesis tests it against)."""
+    return web.Response(body=OPENAPI_PATH.read_bytes(), content_type="application/json")
+
+
 def make_app(node: UserNode) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[NODE_KEY] = node
@@ -209,6 +221,7 @@ def make_app(node: UserNode) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/gt/ask", gt_ask)
     app.router.add_get("/gt/status", gt_status)
+    app.router.add_get("/openapi.json", openapi_document)
     # --- Prometheus text (issue 8): the node's own status counters
     from gentorrent.metrics_views import UserNodeMetrics, metrics_route
 

@@ -30,6 +30,8 @@ from gentorrent.overlay.relay import MAX_BLOB_BYTES
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
+#: error prefix of a reply chunk refusing a query because the node is at capacity
+BUSY_ERROR = "busy"
 log = logging.getLogger(__name__)
 
 #: reply cloves in flight on one route at a time
@@ -108,6 +110,9 @@ class CloveIntake:
         except sealing.SealError as exc:
             raise Drop(DropReason.BAD_QUERY, str(exc)) from exc
         if self._active >= self.max_active:
+            # say so on the reply routes: the user moves on to another node at once instead of
+            # waiting out its reply timeout (and does not blame its paths)
+            self._send_chunk(query, 0, pb.GenerateChunk(final=True, error=f"{BUSY_ERROR}: at capacity"))
             raise Drop(DropReason.BUSY)
         return query
 
