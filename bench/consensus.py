@@ -20,9 +20,7 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,27 +36,12 @@ from gentorrent.crypto.keys import Identity, OnionKey  # noqa: E402
 from gentorrent.crypto.tls import connect, make_self_signed  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
+from gentorrent.testing.committee import free_base_port  # noqa: E402
 from verifier.abci import txs as txlib  # noqa: E402
 from verifier.consensus.types import Block, sha256  # noqa: E402
 from verifier.genesis import Genesis  # noqa: E402
 
 
-def free_base_port(n: int) -> int:
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
 
 
 async def stubs(genesis: Genesis):

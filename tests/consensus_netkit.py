@@ -2,30 +2,10 @@
 
 from __future__ import annotations
 
-import random
-import socket
-
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
+from gentorrent.testing.committee import free_base_port  # noqa: F401  (tests import it from here)
 from verifier.abci import txs
-
-
-def free_base_port(n: int) -> int:
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 class Member:
