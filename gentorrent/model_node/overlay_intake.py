@@ -1,0 +1,31 @@
+"""A model node's clove intake, wired to a directory file (`gt-model serve --directory FILE`).
+
+The intake (gentorrent.overlay.intake) needs the pinned TLS certificate of every proxy it
+sends reply cloves to; proxies are user nodes, so their certificates come from the directory
+the users registered in. On a devnet that is the shared static directory file; a proxy not
+found there is looked up again after re-reading the file (it may just have registered).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.overlay.channels import ChannelPool
+from gentorrent.overlay.intake import CloveIntake, GenerateFn
+from user_client.directory import DirectoryIndex, StaticDirectory
+
+
+def intake_from_directory_file(keys: NodeKeys, generate: GenerateFn, directory_file: Path) -> CloveIntake:
+    directory = StaticDirectory(Path(directory_file))
+    index = DirectoryIndex(directory)
+
+    def proxy_cert(address: str) -> bytes | None:
+        cert = index.relay_cert(address)
+        if cert is None:
+            directory._load()
+            index.rebuild()
+            cert = index.relay_cert(address)
+        return cert
+
+    return CloveIntake(keys.onion, generate, proxy_cert, ChannelPool())
