@@ -43,7 +43,8 @@ class Node:
         return txs.register_user(self.identity, address, self.onion, self.cert, region, seq)
 
     def reg_model(self, seq: int, capacity: int = 5, model: str = "smollm2-135m") -> bytes:
-        return txs.register_model(self.identity, "127.0.0.1:9000", model, capacity, self.cert, seq)
+        return txs.register_model(self.identity, "127.0.0.1:9000", model, capacity, self.cert, seq,
+                                  onion_key=self.onion)
 
 
 NODES = [Node.make(i) for i in range(1, 7)]
@@ -300,6 +301,7 @@ def test_directory_value_recomputes_the_app_hash(app):
     d = decode_directory(value)
     assert d.app_hash == app.info().last_block_app_hash and d.height == 1
     assert [u.node_id for u in d.users] == sorted(n.identity.node_id for n in (NODES[0], NODES[2]))
+    assert d.model(NODES[1].identity.node_id).onion_key == NODES[1].onion  # queries are sealed to it
 
     tampered = pb.DirectoryValue.FromString(value)
     users = pb.UsersSection.FromString(tampered.users_section)

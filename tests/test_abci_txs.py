@@ -155,3 +155,11 @@ def test_random_certificate_bodies_are_refused_not_raised(der):
     reg = pb.UserRegistration(address="127.0.0.1:7001", onion_key=ONION, tls_cert_pem=pem, region="eu")
     raw = _resign(pb.TxBody(signer=ALICE.public_key, sequence=1, register_user=reg))
     assert _code(raw) == txs.CODE_INVALID_FIELD
+
+
+def test_model_onion_key_is_carried_and_checked():
+    raw = txs.register_model(BOB, "127.0.0.1:9000", "smollm2-135m", 5, BOB_CERT, 1, onion_key=ONION)
+    assert decode_tx(raw).payload.onion_key == ONION
+    with pytest.raises(TxError) as err:
+        txs.register_model(BOB, "127.0.0.1:9000", "smollm2-135m", 5, BOB_CERT, 2, onion_key=bytes(32))
+    assert err.value.code == txs.CODE_INVALID_FIELD and "onion_key" in str(err.value)

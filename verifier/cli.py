@@ -6,7 +6,9 @@
     gt-verifier init --home DIR --join GENESIS --listen HOST:PORT
         a non-validating node that follows an existing committee (serves queries, relays txs)
     gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
-        run the node (embedded Tendermint consensus), or serve the application to CometBFT
+                      [--epochs --reference-model HOST:PORT --reference-cert FILE [--probe-directory FILE]]
+        run the node (embedded Tendermint consensus), or serve the application to CometBFT;
+        --epochs also runs verification epochs (verifier.epochs.runner) with that reference model
     gt-verifier status --home DIR [--address HOST:PORT]
         height, app hash, peers, last commit time (JSON)
 """
@@ -81,13 +83,26 @@ def _init_join(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     home = Path(args.home)
     try:
-        return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard))
+        return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard, _epoch_args(args)))
     except (GenesisError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
 
-async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboard: str | None = None) -> int:
+def _epoch_args(args: argparse.Namespace) -> dict | None:
+    """--- verification epochs (issue 7): what attach_epochs needs, checked before starting."""
+    if not getattr(args, "epochs", False):
+        return None
+    if not args.reference_model or not args.reference_cert:
+        raise ValueError("--epochs needs --reference-model HOST:PORT and --reference-cert FILE")
+    if not Path(args.reference_cert).is_file():
+        raise ValueError(f"--reference-cert {args.reference_cert}: no such file")
+    return {"address": args.reference_model, "cert": Path(args.reference_cert),
+            "probe_directory": Path(args.probe_directory) if args.probe_directory else None}
+
+
+async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboard: str | None = None,
+               epochs: dict | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,6 +124,13 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
 
     node = VerifierNode(home, listen=listen)
     await node.start()
+    if epochs is not None:  # --- verification epochs (issue 7)
+        from verifier.epochs.reference import RemoteReference
+        from verifier.epochs.wiring import attach_epochs
+
+        await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]),
+                            epochs["probe_directory"])
+        print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
     # --- status page and /metrics (issue 8): read-only views of the running node
     live = None
     if dashboard:
@@ -170,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--dashboard", metavar="HOST:PORT",
                    help="serve the read-only status page (/, /api/status) and /metrics there")
     s.add_argument("--abci-socket", metavar="ADDR", help="serve the app to CometBFT instead (tcp://h:p)")
+    s.add_argument("--epochs", action="store_true", help="run verification epochs (needs --reference-model)")
+    s.add_argument("--reference-model", metavar="HOST:PORT",
+                   help="a `gt-model serve` with the honest weights: writes questions, scores replies")
+    s.add_argument("--reference-cert", metavar="FILE", help="its TLS certificate (pinned)")
+    s.add_argument("--probe-directory", metavar="FILE",
+                   help="the overlay's directory file: this member's own user node probes through it")
     s.set_defaults(func=cmd_start)
     st = sub.add_parser("status", help="ask a running verifier for its status")
     st.add_argument("--home", required=True)

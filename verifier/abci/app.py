@@ -150,6 +150,7 @@ class RegistryApp:
     def finalize_block(self, txs: Sequence[bytes], ctx: BlockContext) -> FinalizeResult:
         view = self._block_view(ctx)
         results = tuple(view.deliver(tx) for tx in txs)
+        view.end_block(ctx.hash)  # issue 7: verification epochs advance with block time
         app_hash = view.app_hash()
         self._pending = (view, app_hash)  # a second finalize of the same height replaces it
         return FinalizeResult(tx_results=results, app_hash=app_hash)
@@ -192,6 +193,8 @@ class RegistryApp:
             return QueryResult(code=CODE_OK, value=view.directory_value(), height=c.height)
         if path == "/info":
             return QueryResult(code=CODE_OK, value=self._info_json(), height=c.height)
+        if path == "/epochs":  # issue 7: the epochs section (EpochsSection) as committed
+            return QueryResult(code=CODE_OK, value=encode(c.epochs), height=c.height)
         if len(parts) == 2 and parts[0] in ("user", "model", "account"):
             if not _HEX_ID.fullmatch(parts[1]):
                 return QueryResult(code=CODE_BAD_QUERY, height=c.height,
@@ -205,7 +208,7 @@ class RegistryApp:
                 return QueryResult(code=CODE_NOT_FOUND, height=c.height, log=f"no {parts[0]} {parts[1][:16]}…")
             return QueryResult(code=CODE_OK, value=encode(record.to_pb()), height=c.height)
         return QueryResult(code=CODE_UNKNOWN_PATH, height=c.height,
-                           log=f"unknown query path {path[:64]!r}; known: /directory, /info, "
+                           log=f"unknown query path {path[:64]!r}; known: /directory, /info, /epochs, "
                                "/user/<id>, /model/<id>, /account/<public key>")
 
     def _info_json(self) -> bytes:

@@ -67,17 +67,19 @@ class ModelRecord:
     trusted: bool
     registered_height: int
     updated_height: int
+    onion_key: bytes = b""
 
     def to_pb(self) -> pb.ModelEntry:
         return pb.ModelEntry(node_id=self.node_id, public_key=self.public_key, address=self.address,
                              model=self.model, capacity=self.capacity, tls_cert_pem=self.tls_cert_pem,
                              reputation=self.reputation, trusted=self.trusted,
-                             registered_height=self.registered_height, updated_height=self.updated_height)
+                             registered_height=self.registered_height, updated_height=self.updated_height,
+                             onion_key=self.onion_key)
 
     @classmethod
     def from_pb(cls, m: pb.ModelEntry) -> "ModelRecord":
         return cls(m.node_id, m.public_key, m.address, m.model, m.capacity, m.tls_cert_pem, m.reputation,
-                   m.trusted, m.registered_height, m.updated_height)
+                   m.trusted, m.registered_height, m.updated_height, m.onion_key)
 
 
 def encode(msg) -> bytes:

@@ -21,7 +21,8 @@ from verifier.abci import sections as sec
 from verifier.abci.interface import SECTIONS, TxResult, app_hash_of
 from verifier.abci.sections import ModelRecord, UserRecord
 from verifier.abci.txs import (CODE_ALREADY_REGISTERED, CODE_NOT_REGISTERED, CODE_OK, CODE_REPLAY,
-                               CODE_UNAUTHORIZED, COMMITTEE_KINDS, ModelInfo, Tx, TxError, UserInfo, decode_tx)
+                               CODE_UNAUTHORIZED, COMMITTEE_KINDS, EPOCH_KINDS, ModelInfo, Tx, TxError, UserInfo,
+                               decode_tx)
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -149,6 +150,11 @@ class StateView:
             raise TxError(CODE_REPLAY, f"sequence {tx.sequence} already used: the signer's last sequence is {last}")
         if tx.kind in COMMITTEE_KINDS and not self.is_validator(tx.signer):
             raise TxError(CODE_UNAUTHORIZED, f"{tx.kind} may only be signed by a committee member")
+        if tx.kind in EPOCH_KINDS:  # --- issue 7: verification epochs (verifier.abci.epoch_rules)
+            from verifier.abci import epoch_rules
+
+            self._next_epochs = epoch_rules.next_section(self, tx)
+            return
         table = self.users if tx.kind.endswith("_user") else self.models
         exists = table.get(tx.node_id) is not None
         if tx.kind.startswith("register_") and exists:
@@ -180,17 +186,26 @@ class StateView:
                     node_id=node_id, public_key=tx.signer, address=info.address, model=info.model,
                     capacity=info.capacity, tls_cert_pem=info.tls_cert_pem, reputation=reputation,
                     trusted=reputation >= REPUTATION.untrusted_below, registered_height=self.height,
-                    updated_height=self.height)
+                    updated_height=self.height, onion_key=info.onion_key)
             else:  # an update keeps reputation and trust: they are the committee's, not the node's
                 record = replace(old_m, address=info.address, model=info.model, capacity=info.capacity,
-                                 tls_cert_pem=info.tls_cert_pem, updated_height=self.height)
+                                 tls_cert_pem=info.tls_cert_pem, onion_key=info.onion_key,
+                                 updated_height=self.height)
             self.models.set(node_id, record)
         elif tx.kind == "deregister_user":
             self.users.delete(node_id)
         elif tx.kind == "deregister_model":
             self.models.delete(node_id)
+        elif tx.kind in EPOCH_KINDS:  # the section _check computed (issue 7)
+            self.epochs = self._next_epochs
         else:  # decode_tx only lets known kinds through
             raise AssertionError(tx.kind)
+
+    def end_block(self, block_hash: bytes) -> None:
+        """Issue 7: epoch deadlines, reputation updates, the next epoch (after a block's txs)."""
+        from verifier.abci import epoch_rules
+
+        epoch_rules.end_block(self, block_hash)
 
     # ------------------------------------------------------------------ folding into the base
 

@@ -50,8 +50,11 @@ CODE_UNKNOWN_KIND = 9  # no kind set, or a kind this version does not know
 USER_KINDS = ("register_user", "update_user", "deregister_user")
 MODEL_KINDS = ("register_model", "update_model", "deregister_model")
 KINDS = USER_KINDS + MODEL_KINDS
-#: kinds only committee members may sign (issue 7 adds epoch / reputation kinds here)
-COMMITTEE_KINDS: frozenset[str] = frozenset()
+#: verification-epoch kinds (issue 7, TxBody fields 20..25; rules in verifier.abci.epoch_rules)
+EPOCH_KINDS = ("epoch_member_keys", "epoch_vrf_proof", "epoch_plan", "epoch_replies", "epoch_attestation",
+               "epoch_probe_report")
+#: kinds only committee members may sign
+COMMITTEE_KINDS: frozenset[str] = frozenset(EPOCH_KINDS)
 
 MAX_ADDRESS_CHARS = 255
 MAX_REGION_CHARS = 32
@@ -86,9 +89,10 @@ class ModelInfo:
     model: str
     capacity: int
     tls_cert_pem: bytes
+    onion_key: bytes = b""  # empty: listed, but unreachable through the anonymous overlay
 
 
-Payload = Union[UserInfo, ModelInfo, None]
+Payload = Union[UserInfo, ModelInfo, None, "pb.Message"]  # epoch kinds: their checked pb message
 
 
 @dataclass(frozen=True)
@@ -133,13 +137,15 @@ def deregister_user(identity: Identity, sequence: int) -> bytes:
 
 
 def register_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
-                   sequence: int) -> bytes:
-    return _model_tx(identity, "register_model", ModelInfo(address, model, capacity, tls_cert_pem), sequence)
+                   sequence: int, onion_key: bytes = b"") -> bytes:
+    info = ModelInfo(address, model, capacity, tls_cert_pem, onion_key)
+    return _model_tx(identity, "register_model", info, sequence)
 
 
 def update_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
-                 sequence: int) -> bytes:
-    return _model_tx(identity, "update_model", ModelInfo(address, model, capacity, tls_cert_pem), sequence)
+                 sequence: int, onion_key: bytes = b"") -> bytes:
+    info = ModelInfo(address, model, capacity, tls_cert_pem, onion_key)
+    return _model_tx(identity, "update_model", info, sequence)
 
 
 def deregister_model(identity: Identity, sequence: int) -> bytes:
@@ -156,7 +162,7 @@ def _user_tx(identity: Identity, kind: str, info: UserInfo, sequence: int) -> by
 def _model_tx(identity: Identity, kind: str, info: ModelInfo, sequence: int) -> bytes:
     validate_model(info, identity.node_id)
     msg = pb.ModelRegistration(address=info.address, model=info.model, capacity=info.capacity,
-                               tls_cert_pem=info.tls_cert_pem)
+                               tls_cert_pem=info.tls_cert_pem, onion_key=info.onion_key)
     return _sign(identity, _body(identity, sequence, kind, msg))
 
 
@@ -198,7 +204,7 @@ def decode_tx(raw: bytes) -> Tx:
     except TxError as exc:
         raise TxError(CODE_INVALID_FIELD, str(exc)) from exc
     kind = body.WhichOneof("kind")
-    if kind is None or kind not in KINDS:
+    if kind is None or (kind not in KINDS and kind not in EPOCH_KINDS):
         raise TxError(CODE_UNKNOWN_KIND, "transaction has no kind this version knows")
     node_id = node_id_of(body.signer)
     payload: Payload = None
@@ -208,8 +214,13 @@ def decode_tx(raw: bytes) -> Tx:
         validate_user(payload, node_id)
     elif kind in ("register_model", "update_model"):
         m = getattr(body, kind)
-        payload = ModelInfo(m.address, m.model, m.capacity, m.tls_cert_pem)
+        payload = ModelInfo(m.address, m.model, m.capacity, m.tls_cert_pem, m.onion_key)
         validate_model(payload, node_id)
+    elif kind in EPOCH_KINDS:
+        from verifier.abci import epoch_txs  # epoch payloads are checked there (issue 7)
+
+        payload = getattr(body, kind)
+        epoch_txs.validate(kind, payload)
     return Tx(signer=body.signer, sequence=body.sequence, kind=kind, payload=payload, raw=bytes(raw))
 
 
@@ -236,8 +247,7 @@ def _check_sequence(sequence: int) -> None:
 
 def validate_user(info: UserInfo, node_id: bytes) -> None:
     validate_address(info.address)
-    if len(info.onion_key) != PUBLIC_KEY_BYTES or info.onion_key == bytes(PUBLIC_KEY_BYTES):
-        raise TxError(CODE_INVALID_FIELD, f"onion_key must be a non-zero {PUBLIC_KEY_BYTES}-byte X25519 key")
+    validate_onion_key(info.onion_key)
     if not 0 < len(info.region) <= MAX_REGION_CHARS or not _REGION_RE.fullmatch(info.region):
         raise TxError(CODE_INVALID_FIELD, f"region must be 1..{MAX_REGION_CHARS} chars of [a-z0-9._-]")
     validate_certificate(info.tls_cert_pem, node_id)
@@ -250,7 +260,14 @@ def validate_model(info: ModelInfo, node_id: bytes) -> None:
     if not MODEL_NODE.min_capacity <= info.capacity <= MODEL_NODE.max_capacity:
         raise TxError(CODE_INVALID_FIELD,
                       f"capacity must be in {MODEL_NODE.min_capacity}..{MODEL_NODE.max_capacity}, got {info.capacity}")
+    if info.onion_key:
+        validate_onion_key(info.onion_key)
     validate_certificate(info.tls_cert_pem, node_id)
+
+
+def validate_onion_key(onion_key: bytes) -> None:
+    if len(onion_key) != PUBLIC_KEY_BYTES or onion_key == bytes(PUBLIC_KEY_BYTES):
+        raise TxError(CODE_INVALID_FIELD, f"onion_key must be a non-zero {PUBLIC_KEY_BYTES}-byte X25519 key")
 
 
 def validate_address(address: str) -> None:

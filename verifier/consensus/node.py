@@ -243,6 +243,7 @@ class VerifierNode:
         self._halted: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._height_started_at = time.monotonic()
+        self.epochs = None  # issue 7: a verifier.epochs.runner.EpochRunner, when epochs run here
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -267,6 +268,8 @@ class VerifierNode:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.epochs is not None:
+            await self.epochs.stop()
         for t in self._timers:
             t.cancel()
         tasks = list(self._tasks) + [p.task for p in self.peers.values() if p.task]
@@ -538,6 +541,41 @@ class VerifierNode:
         proof = DirectoryProofCodec.encode(h, block.header.encode(), commit)
         return pb.QueryReply(code=0, value=value, height=h, proof=proof)
 
+    # ------------------------------------------------------------------ verification epochs (issue 7)
+
+    def epoch_host(self):
+        """What verifier.epochs.runner.EpochRunner needs from this node."""
+        from verifier.epochs.runner import RunnerHost
+
+        keys = NodeKeys.load_or_create(self.home)
+
+        def query(path: str) -> tuple[int, bytes]:
+            q = self.app.query(path, b"", 0)
+            return q.code, q.value
+
+        async def submit(tx: bytes) -> tuple[int, str]:
+            reply = await self.submit_tx(tx, forwarded=False)
+            return reply.code, reply.log
+
+        return RunnerHost(self.identity, keys.onion.private_key, keys.onion.public_key, self.genesis.chain_id,
+                          {v.public_key for v in self.genesis.validators}, query, submit, self.send_private)
+
+    async def send_private(self, public_key: bytes, payload: bytes) -> bool:
+        """One Private message to the committee member with this key (pinned TLS)."""
+        for i, v in enumerate(self.genesis.validators):
+            if v.public_key == public_key and i in self.peers:
+                try:
+                    ack = await self.peers[i].stub.Private(pb.PrivateMessage(payload=payload), timeout=5.0)
+                except grpc.aio.AioRpcError:
+                    return False
+                return ack.ok
+        return False
+
+    def on_private(self, payload: bytes) -> pb.Ack:
+        if self.epochs is None:
+            return pb.Ack(ok=False, reason="verification epochs do not run on this node")
+        return self.epochs.on_private(payload)
+
     def status(self) -> pb.VerifierStatusReply:
         now = time.time()
         peers = [f"{p.name}@{p.address}" for p in self.peers.values() if now - p.last_ok < 5.0]
@@ -554,6 +592,7 @@ class VerifierNode:
             "mempool": len(self.mempool), "last_commit_time_ms": self.last_commit_time_ms,
             "halted": self._halted, "evidence_pending": len(self.driver.pending_evidence),
             "signatures": self.privval.signed_count, "wal_syncs": self.wal.syncs,
+            "epochs": self.epochs.status() if self.epochs is not None else None,
         }
         return pb.VerifierStatusReply(node_id=self.identity.node_id_hex, height=self.host.height,
                                       app_hash=self.host.app_hash, peers=peers,
@@ -595,7 +634,7 @@ class _Service(rpc.VerifierServicer):
             yield item
 
     async def Private(self, request, context):
-        return pb.Ack(ok=False, reason="unsupported")
+        return self.node.on_private(request.payload)
 
     async def Health(self, request, context):
         return pb.HealthReply(node_id=self.node.identity.node_id_hex, role="verifier", version=VERSION,

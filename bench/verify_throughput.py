@@ -1,0 +1,146 @@
+"""Verification throughput: one teacher-forced pass vs. the paper's token-by-token scoring.
+
+    .venv/bin/python bench/verify_throughput.py [--model smollm2-135m] [--replies 6] [--tokens 128]
+
+Both methods score the same replies (sampled by the same engine at the challenge temperature)
+on the same vLLM engine in this process, on this machine:
+
+  single pass       one request per reply: prompt + reply, prompt_logprobs with the top-20
+                    alternatives (what verifier.epochs.reference / the Score RPC do)
+  token by token    the paper's Algorithm 3: one 1-token request per reply token with the top-20
+                    next-token log-probabilities after prompt + reply[:i] (the floor when the reply
+                    token is not among them); measured sequentially (as the algorithm is written)
+                    and with all of a reply's requests submitted at once (vLLM batches them,
+                    prefix caching on: the strongest form of the baseline)
+
+Prints ONE JSON line: verifications per minute of each method and the speed-ups
+(goal: single pass >= 20x token-by-token), plus the largest |logprob| difference between the
+two methods (they must compute the same numbers). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+QUESTIONS = (
+    "Why do volcanoes erupt, and can scientists predict it?",
+    "What should a beginner know about sourdough starters?",
+    "How does compound interest work in a savings account?",
+    "Can you explain how vaccines train the immune system?",
+    "What are good ways to keep houseplants alive in winter?",
+    "Which is better for a small team, SQL or a document database?",
+    "How long does it take to train for a first marathon?",
+    "What happens if the Moon suddenly disappeared?",
+)
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench/verify_throughput] {msg}", file=sys.stderr, flush=True)
+
+
+async def _sample_replies(engine, n: int, tokens: int):
+    from gentorrent.config import EPOCH_RUN
+    from gentorrent.model_node.inputs import Prompt, Sampling
+
+    out = []
+    for i in range(n):
+        prompt = Prompt(messages=(("user", QUESTIONS[i % len(QUESTIONS)]),))
+        ids = engine.encode(prompt)
+        sampling = Sampling(temperature=EPOCH_RUN.challenge_temperature, max_tokens=tokens, seed=i)
+        reply = [t async for d in engine.generate(ids, sampling) for t in d.token_ids]
+        out.append((ids, reply))
+    return out
+
+
+async def _single_pass(engine, replies, top_k: int):
+    results = []
+    t0 = time.perf_counter()
+    for ids, reply in replies:
+        results.append(await engine.score(ids, token_ids=reply, top_k=top_k))
+    return time.perf_counter() - t0, results
+
+
+async def _next_token_logprob(engine, prefix: list[int], token: int, top_k: int) -> float:
+    """Algorithm 3's step: one 1-token request after `prefix`; the logprob of `token` if the
+    engine's top-k holds it, else the paper's floor (no prompt logprobs are computed)."""
+    from vllm import SamplingParams
+
+    from verifier.epochs.scoring import LOGPROB_FLOOR
+
+    sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=top_k, detokenize=False)
+    final = None
+    async for out in engine._run(prefix, sp, None):
+        final = out
+    row = final.outputs[0].logprobs[0]
+    return float(row[token].logprob) if token in row else LOGPROB_FLOOR
+
+
+async def _token_by_token(engine, replies, top_k: int, batched: bool):
+    """One request per reply token (prefix = prompt + reply[:i]), as the paper's Algorithm 3."""
+    logprobs = []
+    t0 = time.perf_counter()
+    for ids, reply in replies:
+        calls = [_next_token_logprob(engine, ids + reply[:i], reply[i], top_k) for i in range(len(reply))]
+        if batched:
+            got = await asyncio.gather(*calls)
+        else:
+            got = [await c for c in calls]
+        logprobs.append(list(got))
+    return time.perf_counter() - t0, logprobs
+
+
+async def main(args) -> dict:
+    from gentorrent.config import SCORING
+    from gentorrent.model_node import catalogue
+    from gentorrent.model_node.engine import Engine
+
+    engine = await Engine.start(catalogue.resolve(args.model))
+    try:
+        _progress(f"engine up in {engine.startup_s:.0f} s; sampling {args.replies} replies of {args.tokens} tokens")
+        replies = await _sample_replies(engine, args.replies, args.tokens)
+        n_tokens = sum(len(r) for _, r in replies)
+        await engine.score(replies[0][0], token_ids=replies[0][1][:4], top_k=SCORING.top_k)  # warm-up
+        single_s, single = await _single_pass(engine, replies, SCORING.top_k)
+        _progress(f"single pass: {single_s:.2f} s for {len(replies)} replies")
+        k = max(1, args.replies // 2)  # the baselines are slow: fewer replies, per-reply rates
+        seq_s, seq_lp = await _token_by_token(engine, replies[:k], SCORING.top_k, batched=False)
+        _progress(f"token by token, sequential: {seq_s:.2f} s for {k} replies")
+        bat_s, bat_lp = await _token_by_token(engine, replies[:k], SCORING.top_k, batched=True)
+        _progress(f"token by token, batched: {bat_s:.2f} s for {k} replies")
+    finally:
+        engine.shutdown()
+    # where the reply token is in the top-k both methods must compute the same log-probability
+    diff = max((abs(a - b.logprob) for lps, res in zip(seq_lp, single) for a, b in zip(lps, res.tokens)
+                if b.rank <= SCORING.top_k), default=0.0)
+    per_min = lambda seconds, count: 60.0 * count / seconds  # noqa: E731
+    single_rate = per_min(single_s, len(replies))
+    seq_rate, bat_rate = per_min(seq_s, k), per_min(bat_s, k)
+    return {
+        "bench": "verify_throughput", "model": args.model, "reply_tokens_mean": round(n_tokens / len(replies), 1),
+        "single_pass_per_min": round(single_rate, 1),
+        "token_by_token_sequential_per_min": round(seq_rate, 2),
+        "token_by_token_batched_per_min": round(bat_rate, 2),
+        "speedup_vs_sequential": round(single_rate / seq_rate, 1),
+        "speedup_vs_batched": round(single_rate / bat_rate, 1),
+        "goal_speedup": 20.0,
+        "max_logprob_diff": round(diff, 5),
+        "replies_single": len(replies), "replies_token_by_token": k,
+        "machine_load_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--replies", type=int, default=6)
+    p.add_argument("--tokens", type=int, default=128)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the one JSON line
+    print(json.dumps(asyncio.run(main(p.parse_args()))), flush=True)

@@ -1,0 +1,36 @@
+"""Private reveals between committee members: only the addressee opens them, only members send them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gentorrent.crypto.keys import Identity, OnionKey
+from verifier.epochs.challenges import Reveal
+from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
+
+LEADER, OTHER = Identity.from_seed(b"\x01" * 32), Identity.from_seed(b"\x02" * 32)
+BOX, ELSEWHERE = OnionKey.generate(), OnionKey.generate()
+REVEALS = [Reveal("ab" * 32, b"\x05" * 32, "How do volcanoes form?"), Reveal("cd" * 32, b"\x06" * 32, "Why is the sky blue?")]
+MEMBERS = {LEADER.public_key, OTHER.public_key}
+
+
+def test_the_addressee_opens_what_a_member_sealed():
+    bundle = open_reveals(seal_reveals(LEADER, BOX.public_key, 7, REVEALS), BOX.private_key, BOX.public_key, MEMBERS)
+    assert bundle.epoch == 7 and bundle.sender == LEADER.public_key and list(bundle.reveals) == REVEALS
+
+
+def test_nobody_else_opens_it_and_forgeries_are_refused():
+    payload = seal_reveals(LEADER, BOX.public_key, 7, REVEALS)
+    with pytest.raises(PrivateError):  # another member's key: the signature names BOX's key
+        open_reveals(payload, ELSEWHERE.private_key, ELSEWHERE.public_key, MEMBERS)
+    with pytest.raises(PrivateError):  # not from a member
+        open_reveals(payload, BOX.private_key, BOX.public_key, {OTHER.public_key})
+    tampered = payload[:-1] + bytes([payload[-1] ^ 1])
+    with pytest.raises(PrivateError):
+        open_reveals(tampered, BOX.private_key, BOX.public_key, MEMBERS)
+    forged = OTHER.public_key + payload[32:]  # claims another sender
+    with pytest.raises(PrivateError):
+        open_reveals(forged, BOX.private_key, BOX.public_key, MEMBERS)
+    for junk in (b"", b"\x00" * 100):
+        with pytest.raises(PrivateError):
+            open_reveals(junk, BOX.private_key, BOX.public_key, MEMBERS)

@@ -1,0 +1,281 @@
+"""Epoch transactions in the registry app (pure): election, plan, replies, attestations,
+missing-reply resolution, faulty leaders, and the reputation update in FinalizeBlock."""
+
+from __future__ import annotations
+
+import pytest
+
+from gentorrent.config import EPOCH_RUN, REPUTATION
+from gentorrent.crypto.keys import Identity
+from gentorrent.crypto.tls import make_self_signed
+from gentorrent.model_node import receipts
+from gentorrent.wire import gentorrent_pb2 as pb
+from verifier.abci import epoch_rules as rules
+from verifier.abci import epoch_txs, txs
+from verifier.abci.app import RegistryApp
+from verifier.abci.interface import BlockContext, ValidatorInfo
+from verifier.abci.sections import decode_model
+from verifier.epochs import reputation as rep
+from verifier.epochs import vrf
+from verifier.epochs.challenges import commit_prompt
+from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
+
+MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
+MODELS = [Identity.from_seed(bytes([60 + i]) * 32) for i in range(3)]
+T0 = 1_700_000_000_000
+MODEL = "smollm2-135m"
+
+
+class Chain:
+    """A RegistryApp driven block by block, with per-signer sequences."""
+
+    def __init__(self, path):
+        self.app = RegistryApp(path)
+        self.app.init_chain("gt-epochs", [ValidatorInfo(m.public_key, 1) for m in MEMBERS], b"", T0)
+        self.height = 0
+        self.time_ms = T0
+        self.seq: dict[bytes, int] = {}
+
+    def next_seq(self, ident: Identity) -> int:
+        self.seq[ident.public_key] = self.seq.get(ident.public_key, 0) + 1
+        return self.seq[ident.public_key]
+
+    def block(self, block_txs: list[bytes], dt_ms: int = 1000) -> list[int]:
+        self.height += 1
+        self.time_ms += dt_ms
+        ctx = BlockContext(self.height, self.time_ms, MEMBERS[0].public_key, hash=bytes([self.height]) * 32)
+        assert self.app.process_proposal(block_txs, ctx)
+        res = self.app.finalize_block(block_txs, ctx)
+        self.app.commit()
+        return [r.code for r in res.tx_results]
+
+    @property
+    def section(self) -> pb.EpochsSection:
+        return pb.EpochsSection.FromString(self.app.query("/epochs").value)
+
+    def model(self, ident: Identity):
+        return decode_model(self.app.query(f"/model/{ident.node_id_hex}").value)
+
+    def close(self):
+        self.app.close()
+
+
+@pytest.fixture
+def chain(tmp_path):
+    c = Chain(tmp_path / "app.db")
+    c.block([txs.register_model(m, f"127.0.0.1:{9000 + i}", MODEL, 5, make_self_signed(m).cert_pem, 1)
+             for i, m in enumerate(MODELS)])
+    yield c
+    c.close()
+
+
+def register_keys(chain: Chain) -> None:
+    codes = chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m))
+                         for m in MEMBERS])
+    assert codes == [0, 0, 0, 0]
+
+
+def elect(chain: Chain) -> Identity:
+    sec = chain.section
+    epoch, seed = sec.current.epoch, sec.current.seed
+    proofs = [epoch_txs.vrf_proof(m, epoch, vrf.prove_leadership(vrf_secret_of(m), "gt-epochs", epoch, seed),
+                                  chain.next_seq(m)) for m in MEMBERS]
+    assert chain.block(proofs) == [0, 0, 0, 0]
+    sec = chain.section
+    assert sec.current.phase == rules.PLANNING
+    members = [(m.public_key.hex(), vrf_public_of(m)) for m in MEMBERS]
+    expected = vrf.elect_leader("gt-epochs", epoch, seed, members,
+                                {m.public_key.hex(): vrf.prove_leadership(vrf_secret_of(m), "gt-epochs", epoch, seed)
+                                 for m in MEMBERS})
+    assert sec.current.leader.hex() == expected
+    return next(m for m in MEMBERS if m.public_key == sec.current.leader)
+
+
+def prompts_for(epoch: int) -> dict[bytes, tuple[bytes, str]]:
+    return {m.node_id: (bytes([epoch, i]) * 16, f"Question {i} of epoch {epoch}: why is the sky blue?")
+            for i, m in enumerate(MODELS)}
+
+
+def signed_reply(model: Identity, prompt: str, tokens: list[int], name: str = MODEL) -> pb.ProbeReply:
+    request = challenge_request(prompt, MODEL)
+    receipt = receipts.make_receipt(model, name, request, tokens, T0)
+    return pb.ProbeReply(node_id=model.node_id, token_ids=tokens, receipt=receipt)
+
+
+def run_to_replies(chain: Chain, replies_for=None) -> tuple[Identity, int, dict]:
+    leader = elect(chain)
+    epoch = chain.section.current.epoch
+    prompts = prompts_for(epoch)
+    plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items()]
+    assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader))]) == [0]
+    assert chain.section.current.phase == rules.PROBING
+    items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in MODELS]))(prompts)
+    assert chain.block([epoch_txs.replies(leader, epoch, items, chain.next_seq(leader))]) == [0]
+    return leader, epoch, prompts
+
+
+def attest(chain: Chain, members, epoch: int, scores: dict[bytes, tuple[int, int]]) -> list[int]:
+    return chain.block([epoch_txs.attestation(m, epoch, [(n, s, v) for n, (s, v) in scores.items()],
+                                              chain.next_seq(m)) for m in members])
+
+
+def test_epochs_open_only_once_a_quorum_registered_keys(chain):
+    assert chain.section.epoch == 0
+    m0 = MEMBERS[0]
+    bad = epoch_txs.member_keys(MODELS[0], bytes(32), bytes([1]) * 32, 5)
+    assert chain.app.check_tx(bad).code == txs.CODE_UNAUTHORIZED  # a model node is no member
+    assert chain.block([epoch_txs.member_keys(m0, vrf_public_of(m0), bytes([7]) * 32, chain.next_seq(m0))]) == [0]
+    assert chain.section.epoch == 0
+    again = epoch_txs.member_keys(m0, vrf_public_of(m0), bytes([7]) * 32, chain.next_seq(m0))
+    assert chain.app.check_tx(again).code == txs.CODE_INVALID_FIELD  # keys are for life
+    chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m)) for m in MEMBERS[1:]])
+    sec = chain.section
+    assert sec.epoch == 1 and sec.current.phase == rules.ELECTING and sec.current.seed == bytes([chain.height]) * 32
+
+
+def test_a_wrong_vrf_proof_or_a_non_leader_plan_is_refused_and_changes_nothing(chain):
+    register_keys(chain)
+    sec = chain.section
+    m = MEMBERS[1]
+    wrong = vrf.prove_leadership(vrf_secret_of(m), "gt-epochs", 1, bytes(32))  # over another seed
+    before = chain.app.query("/epochs").value
+    assert chain.app.check_tx(epoch_txs.vrf_proof(m, 1, wrong, 99)).code == txs.CODE_INVALID_FIELD
+    assert chain.app.query("/epochs").value == before
+    leader = elect(chain)
+    other = next(x for x in MEMBERS if x != leader)
+    plan = [(MODELS[0].node_id, bytes(32))]
+    assert chain.app.check_tx(epoch_txs.plan(other, 1, plan, 1000)).code == txs.CODE_UNAUTHORIZED
+    assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000)).code == rules.CODE_WRONG_PHASE
+    unknown = [(bytes([9]) * 32, bytes(32))]
+    assert chain.app.check_tx(epoch_txs.plan(leader, 1, unknown, 1000)).code == txs.CODE_INVALID_FIELD
+    assert sec.epoch == chain.section.epoch
+
+
+def test_an_honest_epoch_applies_median_scores_and_reputation(chain):
+    register_keys(chain)
+    leader, epoch, _ = run_to_replies(chain)
+    assert chain.section.current.phase == rules.ATTESTING
+    good, bad, mid = (m.node_id for m in MODELS)
+    # three attestations reach the quorum; one member is far off on `mid` and gets a mark
+    per_member = [{good: (990_000, 0), bad: (100_000, 0), mid: (600_000, 0)},
+                  {good: (995_000, 0), bad: (110_000, 0), mid: (610_000, 0)},
+                  {good: (985_000, 0), bad: (90_000, 0), mid: (900_000, 0)}]
+    for member, scores in zip(MEMBERS[:2], per_member[:2]):
+        assert attest(chain, [member], epoch, scores) == [0]
+        assert chain.section.current.phase == rules.ATTESTING
+    assert attest(chain, [MEMBERS[2]], epoch, per_member[2]) == [0]
+    sec = chain.section
+    assert sec.epoch == epoch + 1 and sec.current.phase == rules.ELECTING
+    summary = sec.history[-1]
+    assert summary.phase == rules.DONE and not summary.faulty_leader
+    agreed = {s.node_id: s.score_micros for s in summary.result}
+    assert agreed == {good: 990_000, bad: 100_000, mid: 610_000}  # medians
+    marks = {m.public_key: m.disagreements for m in sec.members}
+    assert marks[MEMBERS[2].public_key] == 1 and marks[MEMBERS[0].public_key] == 0
+    for ident, cred in zip(MODELS, (0.99, 0.1, 0.61)):
+        expected = rep.update(rep.initial_state(REPUTATION), cred, REPUTATION)
+        assert chain.model(ident).reputation == pytest.approx(expected.reputation, abs=1e-12)
+    # late attestation of a closed epoch: refused
+    assert chain.app.check_tx(epoch_txs.attestation(MEMBERS[3], epoch, [], 1000)).code == rules.CODE_WRONG_PHASE
+
+
+def test_a_cheater_becomes_untrusted_over_epochs_and_honest_stays_trusted(chain):
+    register_keys(chain)
+    for _ in range(4):
+        _, epoch, _ = run_to_replies(chain)
+        scores = {MODELS[0].node_id: (980_000, 0), MODELS[1].node_id: (50_000, 0), MODELS[2].node_id: (900_000, 0)}
+        attest(chain, MEMBERS[:3], epoch, scores)
+    assert not chain.model(MODELS[1]).trusted and chain.model(MODELS[1]).reputation < REPUTATION.untrusted_below
+    assert chain.model(MODELS[0]).trusted and chain.model(MODELS[2]).trusted
+    assert len(chain.section.history) == 4
+
+
+def test_an_altered_reply_marks_the_leader_faulty_and_aborts(chain):
+    register_keys(chain)
+
+    def altered(prompts):
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        del items[0].token_ids[:]
+        items[0].token_ids.extend([4, 5, 6])  # not what the node signed
+        return items
+
+    leader, epoch, _ = run_to_replies(chain, altered)
+    sec = chain.section
+    summary = sec.history[-1]
+    assert summary.phase == rules.ABORTED and summary.faulty_leader and "did not sign" in summary.reason
+    assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
+    assert all(chain.model(m).reputation == 1.0 for m in MODELS)  # nobody is touched by an aborted epoch
+
+
+def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):
+    register_keys(chain)
+    leader, epoch, _ = run_to_replies(chain)
+    ids = [m.node_id for m in MODELS]
+    mismatch = {ids[0]: (0, epoch_txs.VERDICT_PROMPT_MISMATCH), ids[1]: (900_000, 0), ids[2]: (900_000, 0)}
+    attest(chain, MEMBERS[:3], epoch, mismatch)
+    summary = chain.section.history[-1]
+    assert summary.phase == rules.ABORTED and summary.faulty_leader and "committed" in summary.reason
+
+
+def test_a_dropped_reply_is_probed_by_the_others_and_exposes_the_leader(chain):
+    register_keys(chain)
+
+    def drop_first(prompts):
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, missing=True, reason="no reply")
+        return items
+
+    leader, epoch, _ = run_to_replies(chain, drop_first)
+    others = [m for m in MEMBERS if m != leader]
+    dropped = MODELS[0].node_id
+    report = epoch_txs.probe_report(leader, epoch, dropped, False, chain.next_seq(leader))
+    assert chain.app.check_tx(report).code == txs.CODE_UNAUTHORIZED  # the leader cannot probe too
+    scores = {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)}
+    attest(chain, MEMBERS[:3], epoch, scores)
+    assert chain.section.current.phase == rules.RESOLVING
+    for i, m in enumerate(others):
+        chain.block([epoch_txs.probe_report(m, epoch, dropped, True, chain.next_seq(m))])
+        if i < 2:
+            assert chain.section.current.epoch == epoch
+    summary = chain.section.history[-1]
+    assert summary.phase == rules.ABORTED and summary.faulty_leader
+    assert all(chain.model(m).reputation == 1.0 for m in MODELS)
+
+
+def test_a_node_that_fails_other_members_probes_is_punished(chain):
+    register_keys(chain)
+
+    def missing_first(prompts):
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, missing=True, reason="no reply")
+        return items
+
+    leader, epoch, _ = run_to_replies(chain, missing_first)
+    others = [m for m in MEMBERS if m != leader]
+    attest(chain, MEMBERS[:3], epoch, {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)})
+    chain.block([epoch_txs.probe_report(others[0], epoch, MODELS[0].node_id, False, chain.next_seq(others[0]))])
+    summary = chain.section.history[-1]  # 1 (leader) + 1 failures: 2 * 3 > 4 -> punished, epoch done
+    assert summary.epoch == epoch and summary.phase == rules.DONE and not summary.faulty_leader
+    assert {s.node_id: s.score_micros for s in summary.result}[MODELS[0].node_id] == 0
+    assert chain.model(MODELS[0]).reputation == pytest.approx(REPUTATION.alpha * 1.0)
+
+
+def test_deadlines_abort_a_silent_leader_and_elect_again(chain):
+    register_keys(chain)
+    leader = elect(chain)
+    chain.block([], dt_ms=EPOCH_RUN.plan_timeout_ms)
+    sec = chain.section
+    assert sec.history[-1].phase == rules.ABORTED and sec.history[-1].faulty_leader
+    assert sec.current.epoch == 2 and sec.current.phase == rules.ELECTING
+    chain.block([], dt_ms=EPOCH_RUN.election_timeout_ms)  # nobody sends proofs: fallback ranking
+    assert chain.section.current.phase == rules.PLANNING and chain.section.current.leader
+    assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
+
+
+def test_epoch_state_is_identical_after_restart(chain, tmp_path):
+    register_keys(chain)
+    run_to_replies(chain)
+    value, info = chain.app.query("/epochs").value, chain.app.info()
+    chain.app.close()
+    chain.app = RegistryApp(tmp_path / "app.db")
+    assert chain.app.query("/epochs").value == value and chain.app.info() == info

@@ -1,0 +1,71 @@
+"""Private reveals between committee members (the `Verifier.Private` RPC payload), pure.
+
+The leader's plain challenge prompts must reach every other member and nobody else: a model
+node that saw them could answer challenges with extra care. Each reveal message is
+
+    sender public key (32) || Ed25519 signature (64) || sealed box to the recipient
+
+sealed (gentorrent.overlay.sealing: ephemeral X25519 + HKDF + AES-GCM) to the recipient's
+X25519 key as registered on chain (epoch_member_keys), and signed by the sender's identity over
+a domain, the recipient's key and the box, so a reveal can be neither read by anyone else nor
+forged or redirected. The TLS channel it travels on is pinned as well; this layer makes the
+secrecy independent of transport and of who relays the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from gentorrent.crypto.keys import Identity, SignatureError, verify_signature
+from gentorrent.overlay import sealing
+from verifier.epochs.challenges import Reveal
+from verifier.epochs.probe_format import REVEAL_LABEL
+
+__all__ = ["PrivateError", "RevealBundle", "seal_reveals", "open_reveals", "MAX_PRIVATE_BYTES"]
+
+_SIGN_DOMAIN = b"gentorrent/epoch-private/v1\x00"
+MAX_PRIVATE_BYTES = 2 * 1024 * 1024
+
+
+class PrivateError(ValueError):
+    """A private message that is malformed, unsigned, not from a member, or not for us."""
+
+
+@dataclass(frozen=True)
+class RevealBundle:
+    epoch: int
+    sender: bytes  # the leader's public key
+    reveals: tuple[Reveal, ...]
+
+
+def seal_reveals(sender: Identity, recipient_box_key: bytes, epoch: int, reveals: list[Reveal]) -> bytes:
+    body = json.dumps({"epoch": epoch, "reveals": [{"node_id": r.node_id, "nonce": r.nonce.hex(), "prompt": r.prompt}
+                                                   for r in reveals]}, sort_keys=True).encode()
+    box = sealing.seal_to(recipient_box_key, body, REVEAL_LABEL)
+    signature = sender.sign(_SIGN_DOMAIN + recipient_box_key + box)
+    return sender.public_key + signature + box
+
+
+def open_reveals(payload: bytes, my_box: X25519PrivateKey, my_box_public: bytes,
+                 members: set[bytes]) -> RevealBundle:
+    """Check and open one reveal message; PrivateError on anything wrong."""
+    if not 96 + 48 <= len(payload) <= MAX_PRIVATE_BYTES:
+        raise PrivateError("private payload size out of range")
+    sender, signature, box = payload[:32], payload[32:96], payload[96:]
+    if sender not in members:
+        raise PrivateError("sender is not a committee member")
+    try:
+        verify_signature(sender, signature, _SIGN_DOMAIN + my_box_public + box)
+    except (SignatureError, ValueError) as exc:
+        raise PrivateError("private payload signature does not verify") from exc
+    try:
+        body = json.loads(sealing.open_sealed(my_box, box, REVEAL_LABEL))
+        epoch = int(body["epoch"])
+        reveals = tuple(Reveal(str(r["node_id"]), bytes.fromhex(r["nonce"]), str(r["prompt"]))
+                        for r in body["reveals"])
+    except (sealing.SealError, ValueError, KeyError, TypeError) as exc:
+        raise PrivateError(f"private payload does not open: {exc}") from exc
+    return RevealBundle(epoch, sender, reveals)

@@ -1,0 +1,397 @@
+"""The epoch driver inside a verifier process (the async shell of DESIGN.md §3.5).
+
+It watches the committed epochs section (verifier.abci.epoch_rules) and does this member's part
+of each phase, once, by submitting signed epoch transactions to its own node:
+
+    no keys yet    register the VRF and X25519 keys (epoch_member_keys)
+    electing       post this member's ECVRF proof for the epoch
+    planning       (leader) write one question per model node with the reference model from a
+                   seeded topic/style draw, send the plain prompts privately to every other
+                   member (Private RPC), then commit to them (epoch_plan)
+    probing        (leader) ask every node its question through the anonymous overlay as an
+                   ordinary user node, and post the signed replies or missing reports
+    attesting      re-score every reply with this member's reference model after checking that
+                   the signed receipt covers the committed prompt (epoch_attestation)
+    attesting /    (not the leader) probe each node the leader reported missing with a prompt of
+    resolving      this member's own, and report whether a valid signed reply came (epoch_probe_report)
+
+Everything it decides on comes from committed state, so a restarted runner simply picks up where
+the chain is. Transactions it may have sent twice are refused by the app and ignored here.
+`LeaderFaults` makes a leader misbehave on purpose (tests of faulty-leader detection only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol
+
+from gentorrent.config import EPOCH_RUN, EPOCHS, EpochRunParams
+from gentorrent.crypto.keys import Identity
+from gentorrent.model_node import receipts
+from gentorrent.wire import gentorrent_pb2 as pb
+from verifier.abci import epoch_rules as rules
+from verifier.abci import epoch_txs
+from verifier.abci.sections import decode_directory
+from verifier.epochs import vrf
+from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
+                                        draw_question_seed, prompt_key, select_probe_set, verify_reveal)
+from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
+from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
+from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EpochRunner", "LeaderFaults", "Prober", "Reference", "ProbeAnswer", "ProbeFailed"]
+
+
+class ProbeFailed(RuntimeError):
+    """No valid signed reply from the node (timeout, bad signature, refused)."""
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    token_ids: list[int]
+    receipt: pb.ReplyReceipt
+
+
+class Prober(Protocol):
+    async def ask(self, request: pb.GenerateRequest, node_id_hex: str) -> ProbeAnswer: ...
+
+
+class Reference(Protocol):
+    async def write(self, instruction: str, seed: int) -> str: ...
+
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int]): ...
+
+
+@dataclass
+class LeaderFaults:
+    """Deliberate leader misbehaviour, for tests: node ids (hex) whose reply is dropped
+    (reported missing) or altered (a token changed after the node signed)."""
+
+    drop: set[str] = field(default_factory=set)
+    alter: set[str] = field(default_factory=set)
+
+
+@dataclass
+class RunnerHost:
+    """What the runner needs from its verifier node (VerifierNode.epoch_host() builds one)."""
+
+    identity: Identity
+    box_private: object  # X25519PrivateKey
+    box_public: bytes
+    chain_id: str
+    members: set[bytes]
+    query: Callable[[str], tuple[int, bytes]]  # committed-state query: (code, value)
+    submit: Callable[[bytes], Awaitable[tuple[int, str]]]
+    send_private: Callable[[bytes, bytes], Awaitable[bool]]  # (member public key, payload)
+
+
+class EpochRunner:
+    def __init__(self, host: RunnerHost, reference: Reference, prober: Prober | None,
+                 params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None) -> None:
+        self.host, self.reference, self.prober, self.params = host, reference, prober, params
+        self.faults = faults or LeaderFaults()
+        self.me = host.identity.public_key
+        self._seq = 0
+        self._done: set[tuple] = set()  # (epoch, action[, node]) this runner has completed
+        self._busy: dict[tuple, asyncio.Task] = {}
+        self._reveals: dict[int, dict[str, Reveal]] = {}  # epoch -> node id hex -> reveal
+        self._prepared: dict[int, tuple[bytes, dict[str, str]]] = {}  # epoch -> (seed, node -> question)
+        self._task: asyncio.Task | None = None
+        self.log: list[str] = []  # what it did, for status and tests
+        self.on_stop: list[Callable[[], Awaitable[None]]] = []  # closes what was started for it
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        tasks = [t for t in [self._task, *self._busy.values()] if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for close in self.on_stop:
+            try:
+                await close()
+            except Exception:  # noqa: BLE001 - stopping must go on
+                log.exception("epochs: closing failed")
+
+    def status(self) -> dict:
+        return {"recent": self.log[-20:], "busy": sorted(str(k) for k in self._busy)}
+
+    def _note(self, text: str) -> None:
+        log.info("epochs: %s", text)
+        self.log.append(text)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 - keep driving epochs; the chain is the source of truth
+                log.exception("epoch runner step failed")
+            await asyncio.sleep(self.params.poll_s)
+
+    # ------------------------------------------------------------------ private reveals
+
+    def on_private(self, payload: bytes) -> pb.Ack:
+        try:
+            bundle = open_reveals(payload, self.host.box_private, self.host.box_public, self.host.members)
+        except PrivateError as exc:
+            return pb.Ack(ok=False, reason=str(exc)[:120])
+        sec = self._section()
+        if sec.current.leader and bundle.sender != sec.current.leader:
+            return pb.Ack(ok=False, reason="reveals from a member that does not lead this epoch")
+        self._reveals.setdefault(bundle.epoch, {}).update({r.node_id: r for r in bundle.reveals})
+        return pb.Ack(ok=True)
+
+    # ------------------------------------------------------------------ one look at the chain
+
+    def _section(self) -> pb.EpochsSection:
+        code, value = self.host.query("/epochs")
+        return pb.EpochsSection.FromString(value) if code == 0 else pb.EpochsSection()
+
+    def _spawn(self, key: tuple, coro) -> None:
+        if key in self._done or key in self._busy:
+            coro.close()
+            return
+        task = asyncio.ensure_future(coro)
+        self._busy[key] = task
+
+        def finished(t: asyncio.Task) -> None:
+            self._busy.pop(key, None)
+            if not t.cancelled() and t.exception() is None and t.result():
+                self._done.add(key)
+            elif not t.cancelled() and t.exception() is not None:
+                log.warning("epochs: %s failed: %r", key, t.exception())
+
+        task.add_done_callback(finished)
+
+    def _step(self) -> None:
+        sec = self._section()
+        if not any(m.public_key == self.me for m in sec.members):
+            self._spawn((0, "keys"), self._register_keys())
+            return
+        cur = sec.current
+        if sec.epoch == 0:
+            return
+        e, phase, leader = cur.epoch, cur.phase, cur.leader == self.me
+        for old in [k for k in self._reveals if k < e - 2]:
+            del self._reveals[old]
+        for old in [k for k in self._prepared if k < e]:
+            del self._prepared[old]
+        if phase == rules.ELECTING:
+            # every member writes its questions while the election runs: whoever leads plans at once
+            self._spawn((e, "prepare"), self._prepare(e))
+        if phase == rules.ELECTING and not any(p.public_key == self.me for p in cur.proofs):
+            self._spawn((e, "proof"), self._prove(e, cur.seed))
+        elif phase == rules.PLANNING and leader:
+            self._spawn((e, "lead"), self._lead(e))
+        elif phase == rules.ATTESTING and not any(a.public_key == self.me for a in cur.attestations):
+            self._spawn((e, "attest"), self._attest(e, cur))
+        if phase in (rules.ATTESTING, rules.RESOLVING) and not leader:
+            for r in cur.replies:
+                reported = any(p.node_id == r.node_id and p.public_key == self.me for p in cur.probes)
+                if r.missing and not reported:
+                    self._spawn((e, "probe", r.node_id), self._probe_missing(e, r.node_id))
+
+    # ------------------------------------------------------------------ transactions
+
+    async def _submit(self, build: Callable[[int], bytes], what: str) -> bool:
+        """Sign with the next sequence and submit; True when there is nothing left to do."""
+        code, value = self.host.query(f"/account/{self.me.hex()}")
+        last = json.loads(value or b"{}").get("last_sequence", 0) if code == 0 else 0
+        self._seq = max(self._seq, last) + 1
+        code, text = await self.host.submit(build(self._seq))
+        if code != 0:
+            self._note(f"{what}: refused ({code}: {text})")
+            return code == rules.CODE_WRONG_PHASE  # the chain moved on: nothing left to do
+        self._note(f"{what}: submitted")
+        return True
+
+    async def _register_keys(self) -> bool:
+        ident = self.host.identity
+        return await self._submit(lambda s: epoch_txs.member_keys(ident, vrf_public_of(ident), self.host.box_public, s),
+                                  "epoch keys")
+
+    async def _prove(self, epoch: int, seed: bytes) -> bool:
+        if epoch > 1:  # pacing between epochs (the first one starts at once)
+            await asyncio.sleep(self.params.epoch_pause_s)
+        ident = self.host.identity
+        proof = vrf.prove_leadership(vrf_secret_of(ident), self.host.chain_id, epoch, seed)
+        return await self._submit(lambda s: epoch_txs.vrf_proof(ident, epoch, proof, s), f"epoch {epoch} VRF proof")
+
+    # ------------------------------------------------------------------ leading
+
+    def _models(self) -> dict[str, pb.ModelEntry]:
+        code, value = self.host.query("/directory")
+        if code != 0:
+            return {}
+        return {m.node_id.hex(): m for m in decode_directory(value).models}
+
+    async def _write_question(self, seed: bytes, node_id: str, taken: set[str]) -> str | None:
+        for attempt in range(self.params.question_attempts):
+            q = draw_question_seed(seed, node_id, attempt)
+            text = await self.reference.write(build_meta_prompt(q), int.from_bytes(seed[:4], "big") + attempt)
+            try:
+                question = clean_question(text)
+            except ChallengeError:
+                continue
+            if prompt_key(question) not in taken:
+                taken.add(prompt_key(question))
+                return question
+        return None
+
+    async def _questions(self, seed: bytes, node_ids: list[str]) -> dict[str, str]:
+        """One unique question per node, written concurrently (the engine batches them)."""
+        taken: set[str] = set()
+        written = await asyncio.gather(*(self._write_question(seed, n, taken) for n in node_ids))
+        return {n: q for n, q in zip(node_ids, written) if q is not None}
+
+    async def _prepare(self, epoch: int) -> bool:
+        seed = secrets.token_bytes(32)  # private: nobody can predict topics or the probe set
+        chosen = select_probe_set(self._models(), seed, EPOCHS.max_probed_nodes)
+        self._prepared[epoch] = (seed, await self._questions(seed, chosen))
+        return True
+
+    async def _lead(self, epoch: int) -> bool:
+        models = self._models()
+        task = self._busy.get((epoch, "prepare"))
+        if task is not None:
+            await asyncio.wait({task})
+        seed, questions = self._prepared.get(epoch) or (secrets.token_bytes(32), {})
+        chosen = select_probe_set(models, seed, EPOCHS.max_probed_nodes)
+        missing = [n for n in chosen if n not in questions]  # registered since, or no usable question yet
+        if missing:
+            questions = {**questions, **await self._questions(seed + b"late", missing)}
+        reveals, taken = [], set()
+        for node_id in chosen:
+            question = questions.get(node_id)
+            if question is not None and prompt_key(question) not in taken:
+                taken.add(prompt_key(question))
+                reveals.append(Reveal(node_id, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), question))
+        self._reveals[epoch] = {r.node_id: r for r in reveals}
+        await self._send_reveals(epoch, reveals)
+        entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
+        ident = self.host.identity
+        if not await self._submit(lambda s: epoch_txs.plan(ident, epoch, entries, s), f"epoch {epoch} plan"):
+            return False
+        if not await self._wait_phase(epoch, rules.PROBING):
+            return True  # the plan did not commit in time (or was refused): the epoch is lost
+        self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
+        items = await asyncio.gather(*(self._challenge(r, models[r.node_id].model) for r in reveals))
+        return await self._submit(lambda s: epoch_txs.replies(ident, epoch, list(items), s), f"epoch {epoch} replies")
+
+    async def _wait_phase(self, epoch: int, phase: str, timeout_s: float = 120.0) -> bool:
+        for _ in range(int(timeout_s / self.params.poll_s)):
+            cur = self._section().current
+            if cur.epoch != epoch:
+                return False
+            if cur.phase == phase:
+                return True
+            await asyncio.sleep(self.params.poll_s)
+        return False
+
+    async def _send_reveals(self, epoch: int, reveals: list[Reveal]) -> None:
+        keys = rules.member_keys_of(self._section())
+        for member in sorted(self.host.members - {self.me}):
+            entry = keys.get(member)
+            if entry is None:
+                continue
+            payload = seal_reveals(self.host.identity, entry.box_public_key, epoch, reveals)
+            if not await self.host.send_private(member, payload):
+                self._note(f"epoch {epoch}: reveals not delivered to {member.hex()[:12]}")
+
+    async def _challenge(self, reveal: Reveal, model: str) -> pb.ProbeReply:
+        node = bytes.fromhex(reveal.node_id)
+        if reveal.node_id in self.faults.drop:
+            return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
+        request = challenge_request(reveal.prompt, model, self.params)
+        try:
+            answer = await self._ask(request, reveal.node_id)
+        except ProbeFailed as exc:
+            return pb.ProbeReply(node_id=node, missing=True, reason=str(exc)[:200])
+        tokens = list(answer.token_ids)[: self.params.max_reply_tokens]
+        if reveal.node_id in self.faults.alter and tokens:
+            tokens[-1] = (tokens[-1] + 1) % 1000
+        return pb.ProbeReply(node_id=node, token_ids=tokens, receipt=answer.receipt)
+
+    async def _ask(self, request: pb.GenerateRequest, node_id: str) -> ProbeAnswer:
+        if self.prober is None:
+            raise ProbeFailed("this member has no overlay prober")
+        try:
+            answer = await asyncio.wait_for(self.prober.ask(request, node_id), self.params.probe_timeout_s)
+        except asyncio.TimeoutError:
+            raise ProbeFailed("no reply in time") from None
+        if len(answer.token_ids) > self.params.max_reply_tokens:
+            raise ProbeFailed("reply longer than a challenge allows")
+        if answer.receipt.model != request.model or answer.receipt.node_id.hex() != node_id:
+            raise ProbeFailed(f"reply signed for model {answer.receipt.model!r} by another node")
+        return answer
+
+    # ------------------------------------------------------------------ attesting
+
+    async def _attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
+        reveals = await self._await_reveals(epoch, cur)
+        models = self._models()
+        commitments = {e.node_id.hex(): e.commitment for e in cur.plan}
+        sampling = SamplingSpec(self.params.challenge_temperature, self.params.challenge_top_p)
+        scores = []
+        for r in (x for x in cur.replies if not x.missing):
+            node = r.node_id.hex()
+            reveal, entry = reveals.get(node), models.get(node)
+            if reveal is None or entry is None:
+                scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
+                continue
+            request = challenge_request(reveal.prompt, entry.model, self.params)
+            if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.prompt) or \
+                    not receipt_matches_request(r.receipt, request):
+                scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
+                continue
+            try:
+                report = score_reply(await self.reference.score(request, list(r.token_ids)), sampling)
+            except (ScoringError, RuntimeError) as exc:
+                self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
+                scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
+                continue
+            scores.append((r.node_id, epoch_txs.to_micros(report.credibility), epoch_txs.VERDICT_SCORED))
+            self._note(f"epoch {epoch}: {node[:12]} credibility {report.credibility:.3f} "
+                       f"(1/ppl {report.inv_ppl:.3f}, z {dict((k, round(v, 1)) for k, v in report.z.items())})")
+        ident = self.host.identity
+        return await self._submit(lambda s: epoch_txs.attestation(ident, epoch, scores, s),
+                                  f"epoch {epoch} attestation")
+
+    async def _await_reveals(self, epoch: int, cur: pb.EpochStateEntry, wait_s: float = 30.0) -> dict[str, Reveal]:
+        """The leader sends reveals before its plan commits; allow the RPC a moment to land."""
+        wanted = {e.node_id.hex() for e in cur.plan}
+        for _ in range(int(wait_s / 0.25)):
+            if wanted <= set(self._reveals.get(epoch, {})):
+                break
+            await asyncio.sleep(0.25)
+        return dict(self._reveals.get(epoch, {}))
+
+    # ------------------------------------------------------------------ missing replies
+
+    async def _probe_missing(self, epoch: int, node_id: bytes) -> bool:
+        node = node_id.hex()
+        if self.prober is None:
+            return True  # a member that cannot probe casts no vote on a missing reply
+        entry = self._models().get(node)
+        ok = False
+        if entry is not None:
+            question = (await self._questions(secrets.token_bytes(32), [node])).get(node)
+            if question is not None:
+                try:
+                    answer = await self._ask(challenge_request(question, entry.model, self.params), node)
+                    receipts.verify_receipt(answer.receipt, entry.public_key, None, answer.token_ids)
+                    ok = True
+                except (ProbeFailed, receipts.ReceiptError) as exc:
+                    self._note(f"epoch {epoch}: own probe of {node[:12]} failed: {exc}")
+        ident = self.host.identity
+        return await self._submit(lambda s: epoch_txs.probe_report(ident, epoch, node_id, ok, s),
+                                  f"epoch {epoch} probe report on {node[:12]}: {'ok' if ok else 'failed'}")

@@ -1,0 +1,43 @@
+"""Attach verification epochs to a running verifier node (`gt-verifier start --epochs`).
+
+The runner gets: the node (committed state, its mempool, the Private RPC to its peers), a
+reference model (`--reference-model HOST:PORT --reference-cert FILE`: a `gt-model serve` with
+the honest weights; on one machine every member may point at the same one), and a user node
+of its own in the overlay (`--probe-directory FILE`, the overlay's directory), through which it
+probes model nodes exactly as a user asks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gentorrent.config import EPOCH_RUN, EpochRunParams
+from verifier.epochs.reference import RemoteReference
+from verifier.epochs.runner import EpochRunner, LeaderFaults
+
+__all__ = ["attach_epochs"]
+
+PROBE_HOME = "epoch-user"
+
+
+async def attach_epochs(node, reference: RemoteReference, probe_directory: Path | None,
+                        params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
+                        user_listen: str = "127.0.0.1:0", user_kwargs: dict | None = None) -> EpochRunner:
+    prober = None
+    user = None
+    if probe_directory is not None:
+        from user_client.directory import StaticDirectory
+        from user_client.node import UserNode
+        from verifier.epochs.overlay_prober import OverlayProber
+
+        user = UserNode(Path(node.home) / PROBE_HOME, StaticDirectory(Path(probe_directory)), listen=user_listen,
+                        **(user_kwargs or {}))
+        await user.start()
+        prober = OverlayProber(user)
+    runner = EpochRunner(node.epoch_host(), reference, prober, params, faults)
+    if user is not None:
+        runner.on_stop.append(user.stop)
+    runner.on_stop.append(reference.close)
+    node.epochs = runner
+    runner.start()
+    return runner
