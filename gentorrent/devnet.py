@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -47,7 +46,8 @@ from typing import Callable
 
 from gentorrent.config import CLOVES, DEVNET, MODEL_NODE, DevnetParams
 from gentorrent.supervisor import STATE_FILE as PROCESSES_FILE
-from gentorrent.supervisor import Supervisor, _is_ours, _read_state, python_module, stop_recorded, wait_until
+from gentorrent.supervisor import (Supervisor, free_port_block, python_module, recorded, running, stop_recorded,
+                                   wait_until)
 
 DEFAULT_ROOT = Path(os.environ.get("GT_DEVNET_ROOT", "var/devnet"))
 STATE = "devnet.json"
@@ -130,31 +130,11 @@ class DevnetState:
 # --------------------------------------------------------------------------- helpers
 
 
-def running(root: Path) -> list[str]:
-    """Names of the processes recorded under `root` that are still alive (and ours)."""
-    return sorted(name for name, m in _read_state(Path(root)).items() if _is_ours(m))
-
-
-def _free_port_block(count: int) -> int:
-    """A base port with `count` consecutive free ports on 127.0.0.1 (verifier init wants a block)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        if all(_port_free(base + i) for i in range(count)):
-            return base
-    raise DevnetError(f"no block of {count} free ports on {HOST}")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
+def _free_ports(count: int) -> int:
+    try:
+        return free_port_block(count, HOST)
+    except RuntimeError as exc:
+        raise DevnetError(str(exc)) from exc
 
 
 def _read_json(path: Path) -> dict | None:
@@ -230,7 +210,7 @@ async def committee_directory(genesis_path: Path, timeout: float = 10.0):
 def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress,
                      dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
     committee = root / "committee"
-    base = _free_port_block(count)
+    base = _free_ports(count)
     out = subprocess.run(python_module("verifier.cli", "init", "--validators", str(count), "--out", str(committee),
                                        "--chain-id", CHAIN_ID, "--host", HOST, "--base-port", str(base)),
                          capture_output=True, text=True, timeout=120)
@@ -246,7 +226,7 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
                      "--probe-directory", str(root / "directory.json")]
         extra = {}
         if dashboards:
-            port = _free_port_block(1)
+            port = _free_ports(1)
             argv += ["--dashboard", f"{HOST}:{port}"]
             extra["dashboard"] = f"http://{HOST}:{port}/"
             extra["metrics"] = f"http://{HOST}:{port}/metrics"
@@ -461,9 +441,9 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
                             verifiers + engines + users, time.time(), epochs=epochs)
         state.save()
         sup.spawn(MIRROR, python_module("gentorrent.devnet", "--root", str(root), "mirror"))
-        _wait_alive(sup, list(_read_state(root)), lambda: _paths_ready(users), shape.healthy_timeout_s,
+        _wait_alive(sup, recorded(root), lambda: _paths_ready(users), shape.healthy_timeout_s,
                     f"every user node to hold {CLOVES.n} proxy paths", progress)
-        _wait_alive(sup, list(_read_state(root)), lambda: _committee_lists(state), shape.healthy_timeout_s,
+        _wait_alive(sup, recorded(root), lambda: _committee_lists(state), shape.healthy_timeout_s,
                     "the committee's certified directory to list every node", progress)
         state.ready_s = round(time.monotonic() - t0, 1)
         state.save()

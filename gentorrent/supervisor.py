@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -98,6 +100,37 @@ def stop_recorded(root: Path, grace_s: float = 15.0) -> list[str]:
     if state_path.exists():
         state_path.unlink()
     return sorted(live)
+
+
+def running(root: Path) -> list[str]:
+    """Names of the processes recorded under `root` that are still alive (and ours)."""
+    return sorted(name for name, m in _read_state(Path(root)).items() if _is_ours(m))
+
+
+def recorded(root: Path) -> list[str]:
+    """Names of every process recorded under `root`, alive or not."""
+    return sorted(_read_state(Path(root)))
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A base port with `count` consecutive free ports on `host` (gt-verifier init numbers
+    members from a base port). Free when checked: a race with another process stays possible."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 65535 - count)
+        socks: list[socket.socket] = []
+        try:
+            for i in range(count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((host, base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no block of {count} free ports on {host}")
 
 
 def _read_state(root: Path) -> dict:

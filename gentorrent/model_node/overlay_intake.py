@@ -3,7 +3,8 @@
 The intake (gentorrent.overlay.intake) needs the pinned TLS certificate of every proxy it
 sends reply cloves to; proxies are user nodes, so their certificates come from the directory
 the users registered in. On a devnet that is the shared static directory file; a proxy not
-found there is looked up again after re-reading the file (it may just have registered).
+found there is looked up again after the intake re-reads the file (throttled; it may just
+have registered).
 """
 
 from __future__ import annotations
@@ -20,12 +21,8 @@ def intake_from_directory_file(keys: NodeKeys, generate: GenerateFn, directory_f
     directory = StaticDirectory(Path(directory_file))
     index = DirectoryIndex(directory)
 
-    def proxy_cert(address: str) -> bytes | None:
-        cert = index.relay_cert(address)
-        if cert is None:
-            directory._load()
-            index.rebuild()
-            cert = index.relay_cert(address)
-        return cert
+    async def reload() -> None:  # the intake calls this, throttled, for an unknown proxy
+        await directory.refresh()
+        index.rebuild()
 
-    return CloveIntake(keys.onion, generate, proxy_cert, ChannelPool())
+    return CloveIntake(keys.onion, generate, index.relay_cert, ChannelPool(), refresh=reload)

@@ -137,7 +137,7 @@ class GroupRouting:
             ChunkLayout.decode(report.layout)
             if report.sentry_stats:
                 StatsRecord.decode(report.sentry_stats, self.params)
-            self.trees.current._parse_delta(report.tree_delta)
+            self.trees.current.check_delta(report.tree_delta)
         except (LayoutError, SentryError, ValueError) as exc:
             raise GossipRejected(str(exc)) from exc
         if report.node_id not in self.trees.current.origins() and \

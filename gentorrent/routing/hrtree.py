@@ -372,6 +372,11 @@ class HRTree:
         return (head + _TRAILER.pack(self.layout.epoch, self.layout.digest, version,
                                      len(parents)) + records.tobytes())
 
+    def check_delta(self, data: bytes) -> None:
+        """Raise DeltaError unless `data` is a well-formed delta; changes nothing. Lets a caller
+        validate a whole gossip message before merging any part of it."""
+        self._parse_delta(data)
+
     def merge_delta(self, data: bytes, now: float = 0.0) -> MergeOutcome:
         """Merge a peer's delta: replace its subtree if the delta is newer. Order-independent."""
         origin_id, epoch, digest, version, unchanged, records = self._parse_delta(data)

@@ -12,9 +12,7 @@ Processes run through gentorrent.supervisor (own process groups, logs under root
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
@@ -22,7 +20,7 @@ from pathlib import Path
 
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import connect, make_self_signed
-from gentorrent.supervisor import Supervisor, python_module
+from gentorrent.supervisor import Supervisor, free_port_block, python_module
 from gentorrent.testing.faultproxy import FaultNetwork
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
@@ -37,22 +35,7 @@ RPC_S = 5.0
 
 def free_base_port(n: int) -> int:
     """A base port with n consecutive free ports on 127.0.0.1 (gt-verifier init numbers from it)."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000)
-        try:
-            socks = []
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+    return free_port_block(n)
 
 
 def node_name(i: int) -> str:
