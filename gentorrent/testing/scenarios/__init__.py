@@ -1,0 +1,16 @@
+"""Fault scenarios shared by the tests (tests/test_faults_*.py) and the results table
+(bench/reliability.py): each is `async def name(root, seed, quick) -> dict` with the keys of
+bench.reliability.Outcome (requests_sent, answered, lost, failed_clearly, committed_txs_lost,
+forks, recover_s, note, extra); the tests assert on that dict, the bench prints it.
+
+Every scenario builds its own real processes/servers under `root` on 127.0.0.1 and tears
+them down; `seed` fixes every random choice (which node dies when), so a failure replays.
+
+One module per role: `verifiers`, `relays`, `models`. Every public scenario is re-exported
+here, so bench/reliability.py finds it by name.
+"""
+
+from gentorrent.testing.scenarios.relays import RELAY_CLOVES_K, RELAY_CLOVES_N, RELAY_MODES, relay_faults
+from gentorrent.testing.scenarios.verifiers import verifier_byzantine, verifier_kills, verifier_partitions
+
+__all__ = ["RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "relay_faults", "verifier_byzantine", "verifier_kills", "verifier_partitions"]
