@@ -53,6 +53,20 @@ def _text_of(content: Any) -> str:
     raise BadRequest("message content must be a string or a list of text parts")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _length_and_temperature(max_tokens: Any, temperature: Any) -> tuple[int, float]:
+    """The two sampling fields both endpoints take, checked the same way (JSON true is not 1)."""
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) \
+            or not 1 <= max_tokens <= MODEL_NODE.max_new_tokens:
+        raise BadRequest(f"max_tokens must be an integer in 1..{MODEL_NODE.max_new_tokens}")
+    if not _is_number(temperature) or not 0 <= temperature <= 2:
+        raise BadRequest("temperature must be a number in [0, 2]")
+    return max_tokens, float(temperature)
+
+
 def parse_chat_request(body: Any) -> dict:
     """Validated keyword arguments for UserNode.ask / ask_stream from a chat.completions body."""
     if not isinstance(body, dict):
@@ -65,14 +79,10 @@ def parse_chat_request(body: Any) -> dict:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("each message needs a 'role' and 'content'")
         parsed.append({"role": m["role"], "content": _text_of(m.get("content", ""))})
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 256))
-    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MODEL_NODE.max_new_tokens:
-        raise BadRequest(f"max_tokens must be an integer in 1..{MODEL_NODE.max_new_tokens}")
-    temperature = body.get("temperature", 1.0)
+    max_tokens, temperature = _length_and_temperature(
+        body.get("max_completion_tokens", body.get("max_tokens", 256)), body.get("temperature", 1.0))
     top_p = body.get("top_p", 1.0)
-    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-        raise BadRequest("temperature must be in [0, 2]")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+    if not _is_number(top_p) or not 0 < top_p <= 1:
         raise BadRequest("top_p must be in (0, 1]")
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
@@ -88,7 +98,7 @@ def parse_chat_request(body: Any) -> dict:
     if not isinstance(model, str):
         raise BadRequest("model must be a string")
     session = body.get("session") or body.get("user")
-    return {"messages": parsed, "model": model, "max_tokens": max_tokens, "temperature": float(temperature),
+    return {"messages": parsed, "model": model, "max_tokens": max_tokens, "temperature": temperature,
             "top_p": float(top_p), "stop": stop, "seed": seed,
             "session": session if isinstance(session, str) else None}
 
@@ -175,11 +185,10 @@ async def gt_ask(request: web.Request) -> web.StreamResponse:
         body = await _read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
             raise BadRequest("'prompt' (a string) is required")
+        max_tokens, temperature = _length_and_temperature(body.get("max_tokens", 256), body.get("temperature", 0.0))
         kwargs = {"prompt": body["prompt"], "model": str(body.get("model") or MODEL_NODE.default_model),
                   "session": body.get("session"), "node_id": body.get("node_id"),
-                  "max_tokens": int(body.get("max_tokens", 256)), "temperature": float(body.get("temperature", 0.0))}
-        if not 1 <= kwargs["max_tokens"] <= MODEL_NODE.max_new_tokens:
-            raise BadRequest(f"max_tokens must be in 1..{MODEL_NODE.max_new_tokens}")
+                  "max_tokens": max_tokens, "temperature": temperature}
         if not all(kwargs[k] is None or isinstance(kwargs[k], str) for k in ("session", "node_id")):
             raise BadRequest("session and node_id must be strings")
     except (BadRequest, TypeError, ValueError, OverflowError) as exc:
