@@ -8,7 +8,8 @@ Phase 1 (sustained): relays are real `gt-user start` processes and the model nod
 overlay, not vLLM), all sharing one static directory on 127.0.0.1. `--askers` in-process user
 nodes run `--users` concurrent ask loops for `--seconds`. Reported: success rate, latency
 p50/p99, and the RSS of every relay and of the model node before and after (a leak or an
-unbounded queue shows as growth).
+unbounded queue shows as growth). Afterwards every relay's and the model node's log (relays
+log at INFO) is scanned for the private keys of all of them: `secrets_in_logs.hits` must be [].
 
 Phase 2 (overload): an in-process echo model node admits at most `--admit` requests at a time
 and each takes `--hold-s`; `--burst` asks arrive at once. Backpressure must show as a clear
@@ -36,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 from gentorrent.config import CloveParams, OverlayParams  # noqa: E402
 from gentorrent.supervisor import Supervisor, python_module, wait_until  # noqa: E402
+from gentorrent.testing.keyleaks import leak_report  # noqa: E402
 from user_client.asking import AskError  # noqa: E402
 from user_client.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes  # noqa: E402
 
@@ -98,7 +100,8 @@ async def sustained(tmp: Path, relays: int, askers: int, users: int, seconds: fl
         for i in range(relays):  # one at a time: they all write the one static directory file
             home = tmp / f"relay{i}"
             relay_pids.append(await asyncio.to_thread(_spawn_and_wait, sup, f"relay{i}", python_module(
-                "user_client.cli", "start", "--home", str(home), "--directory", str(directory)), home / "node.json"))
+                "user_client.cli", "--log-level", "INFO", "start", "--home", str(home), "--directory", str(directory)),
+                home / "node.json"))
         # askers relay too (they are user nodes); their paths go through the relay processes
         nodes = await start_user_nodes(askers, directory, tmp / "askers", params=PARAMS, maintain=True)
         await asyncio.gather(*(n.paths.fill() for n in nodes))
@@ -125,6 +128,7 @@ async def sustained(tmp: Path, relays: int, askers: int, users: int, seconds: fl
         for n in nodes:
             await n.stop()
         await asyncio.to_thread(sup.stop_all, 15.0)
+    secrets = leak_report(sup.logs.glob("*.log"), [tmp / "model", *(tmp / f"relay{i}" for i in range(relays))])
     ok = len(lat)
     return {"users": users, "seconds": round(took, 1), "sent": sent, "answered": ok,
             "success_rate": round(ok / sent, 4) if sent else None, "asks_per_s": round(ok / took, 2),
@@ -134,7 +138,7 @@ async def sustained(tmp: Path, relays: int, askers: int, users: int, seconds: fl
             "relay_rss_growth_mib_max": max((a - b for a, b in zip(after["relays"], before["relays"])
                                              if a is not None and b is not None), default=None),
             "model_rss_growth_mib": (after["model"] - before["model"]) if after["model"] and before["model"] else None,
-            "asker_relay_tables": relay_tables, "warmup_failures": warmup_failures}
+            "asker_relay_tables": relay_tables, "warmup_failures": warmup_failures, "secrets_in_logs": secrets}
 
 
 async def overload(tmp: Path, admit: int, hold_s: float, burst: int) -> dict:

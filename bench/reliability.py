@@ -170,6 +170,11 @@ def _relay(mode: str, what: str) -> Scenario:
                     shared("relay_faults", mode=mode))
 
 
+def _model(mode: str, what: str) -> Scenario:
+    return Scenario(f"model-{mode}", f"{what}; 1 of 2 echo-model processes, listed first (real processes)",
+                    shared("model_faults", mode=mode))
+
+
 #: THE registry: every scenario the table reports, in this order (see the module docstring).
 SCENARIOS: list[Scenario] = [
     Scenario("link-blackhole", "gRPC/TLS link blackholed, then healed (fault proxy)", link_blackhole),
@@ -179,11 +184,27 @@ SCENARIOS: list[Scenario] = [
              shared("verifier_partitions")),
     Scenario("verifier-byzantine", "validator 3 equivocates; forged-signature votes for 0..2",
              shared("verifier_byzantine")),
+    Scenario("verifier-crash-points", "failpoints: kill -9 between FinalizeBlock and Commit, after Commit, "
+             "after signing a vote / a proposal (+ after block save, before signing in full runs), restart",
+             shared("verifier_crash_points")),
+    Scenario("verifier-clock-skew", "libfaketime: one validator's clock +1 h, another's -1 h",
+             shared("verifier_clock_skew")),
     _relay("kill", "relay killed"),
     _relay("hang", "relay holds cloves past every deadline (paused)"),
     _relay("drop", "relay silently drops the cloves it forwards"),
     _relay("corrupt", "relay flips a bit in every clove it forwards"),
     _relay("replay", "relay sends every clove twice"),
+    Scenario("relay-proc-kill9", "8 gt-user relay processes: kill -9 of relays on 2 of 4 paths (k = 2)",
+             shared("relay_process_faults", mode="kill9")),
+    Scenario("relay-proc-pause", "relay processes on 2 of 4 paths SIGSTOPped, then SIGCONTed and probed",
+             shared("relay_process_faults", mode="pause")),
+    Scenario("relay-proc-link", "fault proxy into relay processes on 2 of 4 paths: drop, delay, blackhole, heal",
+             shared("relay_process_faults", mode="link")),
+    _model("kill-mid-stream", "model node SIGKILLed while streaming a reply"),
+    _model("hang", "model node SIGSTOPped while streaming, SIGCONT at the end"),
+    _model("garbage", "model node replies with undecodable messages in valid cloves"),
+    _model("bad-signature", "model node replies right, receipt signature broken"),
+    _model("refuse", "model node refuses every query as busy"),
 ]
 
 

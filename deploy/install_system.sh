@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# System packages the tests need: Debian's chromium for the dashboard's headless-browser test.
+# System packages the tests need: Debian's chromium for the dashboard's headless-browser test,
+# faketime (libfaketime) for the verifier clock-skew test (tests/test_faults_verifiers.py).
 # Installed only when missing, and only where we may (root with apt); otherwise say what to do.
 set -euo pipefail
-if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+
+missing=()
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    missing+=(chromium)
+fi
+if ! compgen -G "/usr/lib/*/faketime/libfaketime*.so.1" >/dev/null && \
+   ! compgen -G "/usr/local/lib/faketime/libfaketime*.so.1" >/dev/null; then
+    missing+=(faketime)
+fi
+if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing Debian chromium (for the dashboard test)"
+    echo "[setup] installing Debian ${missing[*]} (dashboard test, clock-skew test)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 else
-    echo "[setup] note: chromium is missing; install it (apt-get install chromium) for the dashboard test"
+    echo "[setup] note: ${missing[*]} missing; install (apt-get install ${missing[*]}) for the dashboard" \
+         "and clock-skew tests, which skip without them"
 fi

@@ -64,6 +64,7 @@ class OverlayParams:
     maintenance_interval_s: float = 5.0  # path manager: expiry, renewal, repair
     build_attempts: int = 8  # tries to build one path before giving up for this round
     max_model_attempts: int = 3  # model nodes tried per ask
+    failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
     max_routes: int = 16  # reply routes accepted in one query
 
 
@@ -179,6 +180,17 @@ class EpochRunParams:
     epoch_pause_s: float = 30.0  # a member waits this long after an epoch opens before its VRF proof (pacing)
     poll_s: float = 0.5  # the runner looks at the committed state this often
     probe_timeout_s: float = 300.0  # one challenge or own probe, end to end, in the runner
+    # each challenge (and each member's own probe) leaves after its own uniform random delay in
+    # [0, challenge_spread_s]: without it every probed model node gets its ask the moment the plan
+    # commits, which a node watching the public chain could match (DESIGN.md §3.5: challenges
+    # must be indistinguishable from user asks in timing too). spread + probe_timeout_s must fit
+    # in probe_timeout_ms (tests/test_epochs_runner.py checks it).
+    challenge_spread_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.challenge_spread_s <= self.probe_timeout_ms / 1000 - self.probe_timeout_s:
+            raise ValueError(f"challenge_spread_s must be in [0, {self.probe_timeout_ms / 1000 - self.probe_timeout_s:g}]: "
+                             "a challenge sent last must still be answered before the probe deadline")
 
 
 EPOCH_RUN = EpochRunParams()
@@ -231,6 +243,15 @@ class ConsensusTimeouts:
     # so an unbounded round number would let one message stall a validator. Honest rounds only
     # advance by timeouts, so 1000 rounds ahead means a peer has been partitioned for hours.
     max_rounds_ahead: int = 1000
+    # A validator prevotes nil for a new proposal whose block time is more than this ahead of
+    # its own clock (the PRECISION + MSGDELAY bound of CometBFT's proposer-based timestamps,
+    # upper side only). Block time drives the epochs' phase deadlines (verifier.abci.epoch_rules:
+    # a leader "posted no plan in time" once block time passes phase start + plan_timeout), so
+    # one proposer with a fast clock could otherwise fast-forward them for everyone, and every
+    # later block would have to follow its time. 10 s: well above NTP-synchronised skew
+    # (milliseconds) plus a proposal's delivery delay, below the shortest phase deadline (the
+    # 15 s election timeout), and it never accumulates: the bound is the honest clocks, not the last block.
+    max_clock_drift_ms: int = 10_000
 
     def propose(self, round_: int) -> float:
         return self.propose_s + round_ * self.propose_delta_s
@@ -319,6 +340,8 @@ class DevnetParams:
     dishonest_variant: str = "pruned"  # a `gt-model serve --dishonest` kind (gentorrent.model_node.cheaters)
     parallel_model_starts: int = 4  # vLLM engines starting at once (see deploy/devnet/README.md)
     epochs: bool = True  # verifiers run verification epochs, scoring with one shared reference engine
+    # the demo waits for epochs to close: spread its challenges over seconds, not EPOCH_RUN's minutes
+    challenge_spread_s: float = 5.0
     # CPU engine start-up on 2 shared cores: ~20 s alone, minutes when the machine is busy
     model_start_timeout_s: float = 900.0
     node_start_timeout_s: float = 120.0

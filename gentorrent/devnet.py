@@ -223,7 +223,8 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
         if reference is not None:  # every member scores with the one shared reference engine
             argv += ["--epochs", "--reference-model", reference.address,
                      "--reference-cert", reference.extra["cert_file"],
-                     "--probe-directory", str(root / "directory.json")]
+                     "--probe-directory", str(root / "directory.json"),
+                     "--challenge-spread-s", str(DEVNET.challenge_spread_s)]
         extra = {}
         if dashboards:
             port = _free_ports(1)

@@ -74,6 +74,10 @@ def test_faulty_leader_proposals_are_rejected():
     # a reply from a node claiming another model
     other_model = signed("m-other", prompts["m-other"], "answer", model="gemma3-270m")
     cases["model"] = replace(proposal, outcomes={**out, "m-other": ep.ReplyOutcome(other_model, 0.31)})
+    # forges a reply: text of its own for the committed prompt, signed with a key other than the node's
+    fake = ep.SignedReply("m-honest", prompts["m-honest"], "smollm2-135m", "a reply the leader wrote", b"")
+    forged = replace(fake, signature=Ed25519PrivateKey.from_private_bytes(b"\x09" * 32).sign(_payload(fake)))
+    cases["forge"] = replace(proposal, outcomes={**out, "m-honest": ep.ReplyOutcome(forged, 0.93)})
     # lowers an honest node's score
     cases["score"] = replace(proposal, outcomes={**out, "m-honest": ep.ReplyOutcome(r, 0.5)})
     # attributes one node's reply to another

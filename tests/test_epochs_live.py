@@ -2,7 +2,15 @@
 gRPC/TLS), real vLLM model nodes (the session's honest SmolLM2 node and a pruned SmolLM2 that
 claims to be SmolLM2, started here with `gt-model serve --dishonest pruned`), challenges asked
 through the real anonymous overlay by each verifier's own user node, scored by the reference
-model in one teacher-forced pass.
+model in one teacher-forced pass. Three more nodes registered as SmolLM2 are stand-ins in
+processes of their own (`python -m user_client.localnet echo-model`, real keys, TLS, clove
+intake and signed receipts): one is SIGSTOPped once registered (hung: the leader reports it
+missing, the other members' own probes fail too, the committee punishes it; killed once
+untrusted, so that later probes of it fail at once), one answers every challenge with an echo
+of the prompt (garbage the reference model scores down), one breaks its receipts' signatures
+(`--misbehave bad-signature`: its replies are refused, so it is punished like the hung one).
+Leaders that drop or forge the honest node's reply, or alter a reply, are caught, and the
+honest node is unharmed.
 
 Single-machine shortcuts, said out loud: the four verifiers run in this test process (each a
 full VerifierNode with its own keys, ports and TLS), and they share ONE reference engine, the
@@ -14,6 +22,8 @@ process in front of the session node (as in tests/test_user_model.py).
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import time
 from pathlib import Path
 
@@ -24,6 +34,7 @@ from conftest import ModelNodeProcess
 from gentorrent.config import EPOCH_RUN, REPUTATION
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
+from gentorrent.supervisor import Supervisor, python_module, wait_until
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from test_user_model import CLOVES, PATIENT, _IntakeFront
@@ -41,7 +52,8 @@ from verifier.epochs.wiring import attach_epochs
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2-135m"
-PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0)
+PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0,
+                             challenge_spread_s=3.0)
 
 
 class LiveCommittee:
@@ -51,6 +63,9 @@ class LiveCommittee:
         self.homes = [tmp / "committee" / f"v{i}" for i in range(4)]
         self.nodes: list[VerifierNode] = []
         self.runners = []
+        self.watched: dict[str, str] = {}  # name -> node id hex, traced at every closed epoch
+        self.trace: list[tuple[int, str, float, dict[str, float]]] = []  # (epoch, phase, s, name -> reputation)
+        self.t0 = time.monotonic()
 
     async def start(self, reference_node: ModelNodeProcess, directory: Path, faults: LeaderFaults) -> None:
         for home in self.homes:
@@ -73,10 +88,20 @@ class LiveCommittee:
         q = self.nodes[0].app.query(f"/model/{node_id_hex}")
         return decode_model(q.value) if q.code == 0 else None
 
+    def _record_trace(self, sec: pb.EpochsSection) -> None:
+        seen = self.trace[-1][0] if self.trace else 0
+        for h in sec.history:
+            if h.epoch > seen:  # reputations as they stand now: read right after the epoch closed
+                reps = {name: round(m.reputation, 3) for name, node in self.watched.items()
+                        if (m := self.model(node)) is not None}
+                self.trace.append((h.epoch, h.phase + (" faulty leader" if h.faulty_leader else ""),
+                                   round(time.monotonic() - self.t0), reps))
+
     async def wait(self, predicate, what: str, timeout: float) -> pb.EpochsSection:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             sec = self.section()
+            self._record_trace(sec)
             if predicate(sec):
                 return sec
             await asyncio.sleep(1.0)
@@ -85,18 +110,61 @@ class LiveCommittee:
                              f"runners {[r.log[-5:] for r in self.runners]}")
 
 
-def register_on_chain(home: Path, info: dict) -> bytes:
+def register_on_chain(home: Path, address: str, cert_pem: bytes) -> bytes:
     keys = NodeKeys.load_or_create(home)
-    return txs.register_model(keys.identity, info["address"], MODEL, 5, Path(info["cert_file"]).read_bytes(), 1)
+    return txs.register_model(keys.identity, address, MODEL, 5, cert_pem, 1)
 
 
-async def test_live_committee_untrusts_a_pruned_node_and_catches_faulty_leaders(model_node, tmp_path):
+class EchoNodes:
+    """Echo stand-in model nodes in processes of their own; each puts its own record (address,
+    onion key) into the overlay's directory when it starts."""
+
+    def __init__(self, root: Path, directory_path: Path) -> None:
+        self.root, self.directory_path = root, directory_path
+        self.sup = Supervisor(root / "procs")
+        self.started: dict[str, dict] = {}
+
+    def start(self, nodes: dict[str, tuple[str, ...]]) -> None:
+        """`nodes`: name -> extra echo-model arguments."""
+        for name, extra in nodes.items():
+            self.sup.spawn(name, python_module("user_client.localnet", "echo-model", "--home", str(self.root / name),
+                                               "--directory", str(self.directory_path), *extra))
+        for name in nodes:
+            wait_until(lambda: self._announced(name) is not None, 120, f"echo model node {name} to start")
+            self.started[name] = {**self._announced(name), "home": self.root / name}
+
+    def _announced(self, name: str) -> dict | None:
+        log = self.sup.logs / f"{name}.log"
+        for line in (log.read_text().splitlines() if log.exists() else []):
+            if line.startswith("{") and '"address"' in line:
+                return json.loads(line)
+        return None
+
+    def registration(self, name: str) -> bytes:
+        info = self.started[name]
+        return register_on_chain(info["home"], info["address"], (info["home"] / tls.CERT_FILE).read_bytes())
+
+    def stop(self) -> None:
+        for name in self.started:
+            if self.sup.alive(name):
+                self.sup.kill(name, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        self.sup.stop_all()
+
+
+async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_faulty_leaders(model_node, tmp_path):
     directory_path = tmp_path / "directory.json"
     directory = StaticDirectory(directory_path)
     directory_path.write_text('{"users": [], "models": []}')
     pruned = ModelNodeProcess(tmp_path / "pruned", extra=("--dishonest", "pruned", "--directory",
                                                            str(directory_path)))
-    await asyncio.to_thread(pruned.start)
+    echoes = EchoNodes(tmp_path / "echo", directory_path)
+    try:  # the echo nodes start while the pruned node's engine does
+        await asyncio.gather(asyncio.to_thread(pruned.start), asyncio.to_thread(
+            echoes.start, {"hung": (), "garbage": (), "badsig": ("--misbehave", "bad-signature")}))
+    except BaseException:
+        pruned.stop()
+        echoes.stop()
+        raise
     engine_channel = await model_node.connect()
     front = _IntakeFront(tmp_path / "front", directory, rpc.ModelNodeStub(engine_channel))
     server, port = tls.new_server(front.tls, "127.0.0.1:0")
@@ -112,43 +180,86 @@ async def test_live_committee_untrusts_a_pruned_node_and_catches_faulty_leaders(
     committee = LiveCommittee(tmp_path)
     try:
         await committee.start(model_node, directory_path, faults)
-        for home, info in ((model_node.home, model_node.info), (pruned.home, pruned.info)):
-            reply = await committee.nodes[0].submit_tx(register_on_chain(home, info), forwarded=False)
+        for tx in (register_on_chain(model_node.home, model_node.address, model_node.cert_pem),
+                   register_on_chain(pruned.home, pruned.address, pruned.cert_pem),
+                   *(echoes.registration(name) for name in ("hung", "garbage", "badsig"))):
+            reply = await committee.nodes[0].submit_tx(tx, forwarded=False)
             assert reply.code == 0, reply.log
+        echoes.sup.kill("hung", signal.SIGSTOP)  # registered, then hung: accepts connections, never answers
         honest, cheat = model_node.node_id, pruned.node_id
-
-        # 1. epochs run by themselves until the pruned node is untrusted
-        sec = await committee.wait(lambda s: committee.model(cheat) is not None and not committee.model(cheat).trusted,
-                                   "pruned node untrusted", 900)
-        done = [h for h in sec.history if h.phase == rules.DONE and h.result]
-        assert done, [(h.epoch, h.phase, h.reason) for h in sec.history]
-        scores = {n: [s.score_micros / 1e6 for h in done for s in h.result if s.node_id.hex() == n]
-                  for n in (honest, cheat)}
+        hung, garbage, badsig = (echoes.started[name]["node_id"] for name in ("hung", "garbage", "badsig"))
+        committee.watched = {"honest": honest, "pruned": cheat, "hung": hung, "garbage": garbage, "badsig": badsig}
         tau = REPUTATION.abnormal_threshold
-        assert scores[honest] and min(scores[honest]) >= tau, scores  # honest: never abnormal
-        assert min(scores[cheat]) < tau and sum(scores[cheat]) / len(scores[cheat]) < min(scores[honest]), scores
-        assert committee.model(honest).trusted and committee.model(honest).reputation >= REPUTATION.untrusted_below
-        assert committee.model(cheat).reputation < REPUTATION.untrusted_below
-        before = committee.model(honest).reputation
-        closed = len(sec.history)
 
-        # 2. a leader that drops the honest node's reply is exposed by the others' own probes
-        faults.drop.add(honest)
-        sec = await committee.wait(lambda s: any(h.faulty_leader and "valid replies" in h.reason
-                                                 for h in s.history[closed:]), "a dropping leader caught", 600)
-        faults.drop.clear()
-        assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
-        assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)  # aborted: nobody touched
-        closed = len(sec.history)
+        def untrusted(node: str) -> bool:
+            m = committee.model(node)
+            return m is not None and not m.trusted
 
-        # 3. a leader that alters the honest node's reply is caught by the receipt check
-        faults.alter.add(honest)
-        sec = await committee.wait(lambda s: any(h.faulty_leader and "did not sign" in h.reason
-                                                 for h in s.history[closed:]), "an altering leader caught", 600)
-        faults.alter.clear()
-        assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
-        assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)
-        assert sum(m.faults for m in sec.members) >= 2
+        try:
+            # 1. epochs run by themselves until the pruned, hung, garbage and bad-signature nodes are
+            #    all untrusted
+            sec = await committee.wait(lambda s: all(untrusted(n) for n in (cheat, hung, garbage, badsig)),
+                                       "pruned, hung, garbage and bad-signature nodes untrusted", 900)
+            done = [h for h in sec.history if h.phase == rules.DONE and h.result]
+            assert done, [(h.epoch, h.phase, h.reason) for h in sec.history]
+            scores = {n: [s.score_micros / 1e6 for h in done for s in h.result if s.node_id.hex() == n]
+                      for n in (honest, cheat, hung, garbage, badsig)}
+            assert scores[honest] and min(scores[honest]) >= tau, scores  # honest: never abnormal
+            assert min(scores[cheat]) < tau and sum(scores[cheat]) / len(scores[cheat]) < min(scores[honest]), scores
+            # echoes are rated down (one echo reply was once scored 0.50, just above tau: on average)
+            assert scores[garbage] and sum(scores[garbage]) / len(scores[garbage]) < tau, scores
+            assert min(scores[garbage]) < tau and max(scores[garbage]) < max(scores[honest]), scores
+            # the hung and bad-signature nodes were punished (credibility 0), never scored on a reply
+            # (a reply whose receipt does not verify is no reply: the user client refuses it) ...
+            prober_logs = [r.log for r in committee.runners]
+            for node in (hung, badsig):
+                assert scores[node] and set(scores[node]) == {0.0}, scores
+                # ... because the members that did not lead probed it themselves and failed too
+                failed = [any(f"probe report on {node[:12]}: failed" in line for line in log) for log in prober_logs]
+                assert sum(failed) >= 2, [log[-8:] for log in prober_logs]
+            assert committee.model(honest).trusted and committee.model(honest).reputation >= REPUTATION.untrusted_below
+            for node in (cheat, hung, garbage, badsig):
+                assert committee.model(node).reputation < REPUTATION.untrusted_below, committee.trace
+            hung_reps = [reps["hung"] for *_, reps in committee.trace if "hung" in reps]
+            assert hung_reps == sorted(hung_reps, reverse=True) and hung_reps[-1] < hung_reps[0], committee.trace
+            before = committee.model(honest).reputation
+            closed = len(sec.history)
+            echoes.sup.kill("hung", signal.SIGKILL)  # from now on dead: its probes fail at once (cheaper)
+
+            # 2. a leader that drops the honest node's reply is exposed by the others' own probes
+            faults.drop.add(honest)
+            sec = await committee.wait(lambda s: any(h.faulty_leader and "valid replies" in h.reason
+                                                     for h in s.history[closed:]), "a dropping leader caught", 600)
+            faults.drop.clear()
+            assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
+            assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)  # aborted: nobody touched
+            closed = len(sec.history)
+
+            # 3. a leader that forges the honest node's reply (its own text, a receipt it signed itself)
+            #    and alters the garbage node's (one token changed after the node signed) is caught by
+            #    the receipt check; one epoch for both (the abort reason names every bad reply)
+            faults.forge.add(honest)
+            faults.alter.add(garbage)
+            sec = await committee.wait(lambda s: any(h.faulty_leader and "did not sign" in h.reason
+                                                     for h in s.history[closed:]), "a forging leader caught", 600)
+            faults.forge.clear()
+            faults.alter.clear()
+            caught = next(h for h in sec.history[closed:] if h.faulty_leader and "did not sign" in h.reason)
+            assert f"{honest[:16]}: receipt signature does not verify" in caught.reason, caught.reason
+            assert f"{garbage[:16]}: receipt covers different output tokens" in caught.reason, caught.reason
+            assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
+            assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)
+            assert sum(m.faults for m in sec.members) >= 2
+        finally:
+            print("reputations after each closed epoch:")
+            for epoch, phase, elapsed, reps in committee.trace:
+                print(f"  epoch {epoch:3d} {phase:22s} at {elapsed:4d} s {reps}")
+            names = {node[:12]: name for name, node in committee.watched.items()}
+            print("scores as the members computed them (how many members logged each):")
+            lines = [line for runner in committee.runners for line in runner.log if "credibility" in line]
+            for line in dict.fromkeys(lines):
+                node = line.split(": ", 1)[1][:12]
+                print(f"  {lines.count(line)}x {names.get(node, node):8s} {line}")
     finally:
         await committee.stop()
         for node in relays:
@@ -158,3 +269,4 @@ async def test_live_committee_untrusts_a_pruned_node_and_catches_faulty_leaders(
         await front.channels.close()
         await engine_channel.close()
         pruned.stop()
+        echoes.stop()

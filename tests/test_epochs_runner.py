@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -30,7 +31,8 @@ from verifier.epochs.scoring import TokenScores
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
 
-PARAMS = EPOCH_RUN.__class__(challenge_temperature=0.0, poll_s=0.1, probe_timeout_s=10.0, epoch_pause_s=0.0)
+PARAMS = EPOCH_RUN.__class__(challenge_temperature=0.0, poll_s=0.1, probe_timeout_s=10.0, epoch_pause_s=0.0,
+                             challenge_spread_s=0.0)
 HONEST_TOKENS = [5, 6, 7, 8, 9, 10]
 MODEL = "smollm2-135m"
 
@@ -57,6 +59,7 @@ class ScriptedModels:
     def __init__(self) -> None:
         self.nodes: dict[str, tuple[Identity, str]] = {}
         self.asked: list[str] = []
+        self.asked_at: list[float] = []
 
     def add(self, behaviour: str) -> Identity:
         ident = Identity.generate()
@@ -65,6 +68,7 @@ class ScriptedModels:
 
     async def ask(self, request: pb.GenerateRequest, node_id_hex: str) -> ProbeAnswer:
         self.asked.append(node_id_hex)
+        self.asked_at.append(time.monotonic())
         ident, behaviour = self.nodes[node_id_hex]
         if behaviour == "down":
             raise ProbeFailed("no reply within 1 s")
@@ -82,13 +86,13 @@ class Committee:
         self.nodes: list[VerifierNode] = []
         self.runners: list[EpochRunner] = []
 
-    async def start(self, models: ScriptedModels, faults: LeaderFaults | None = None) -> None:
+    async def start(self, models: ScriptedModels, faults: LeaderFaults | None = None, params=PARAMS) -> None:
         for home in self.homes:
             node = VerifierNode(home)
             await node.start()
             self.nodes.append(node)
         for node in self.nodes:
-            runner = EpochRunner(node.epoch_host(), ScriptedReference(), models, PARAMS, faults)
+            runner = EpochRunner(node.epoch_host(), ScriptedReference(), models, params, faults)
             node.epochs = runner
             runner.start()
             self.runners.append(runner)
@@ -146,12 +150,37 @@ async def test_epochs_run_by_themselves_and_a_cheater_becomes_untrusted(tmp_path
         await committee.stop()
 
 
-@pytest.mark.parametrize("fault", ["drop", "alter"])
+async def test_challenges_leave_at_independent_random_times(tmp_path):
+    """Not all at once when the plan commits (a node watching the chain could match that):
+    each challenge waits its own random delay in [0, challenge_spread_s]."""
+    models = ScriptedModels()
+    nodes = [models.add("honest") for _ in range(4)]
+    committee = Committee(tmp_path)
+    await committee.start(models, params=replace(PARAMS, challenge_spread_s=1.5))
+    try:
+        for port, ident in enumerate(nodes, 9001):
+            await register(committee, ident, port)
+        sec = await committee.wait_epochs(1)
+        assert sec.history[0].phase == rules.DONE and len(sec.history[0].result) == 4
+        first_epoch = models.asked_at[:4]  # the leader's four challenges (nobody was missing)
+        assert sorted(models.asked[:4]) == sorted(n.node_id_hex for n in nodes)
+        assert max(first_epoch) - min(first_epoch) > 0.01, first_epoch  # 4 uniform draws in 1.5 s
+    finally:
+        await committee.stop()
+
+
+def test_a_spread_that_would_miss_the_probe_deadline_is_refused():
+    with pytest.raises(ValueError, match="challenge_spread_s"):
+        replace(EPOCH_RUN, challenge_spread_s=EPOCH_RUN.probe_timeout_ms / 1000)
+    with pytest.raises(ValueError, match="challenge_spread_s"):
+        replace(EPOCH_RUN, challenge_spread_s=-1.0)
+
+
+@pytest.mark.parametrize("fault", ["drop", "alter", "forge"])
 async def test_a_faulty_leader_is_detected_and_does_not_hurt_the_honest_node(tmp_path, fault):
     models = ScriptedModels()
     honest = models.add("honest")
-    faults = LeaderFaults(drop={honest.node_id_hex} if fault == "drop" else set(),
-                          alter={honest.node_id_hex} if fault == "alter" else set())
+    faults = LeaderFaults(**{fault: {honest.node_id_hex}})
     committee = Committee(tmp_path)
     await committee.start(models, faults)  # every member misbehaves when it leads
     try:
@@ -167,6 +196,9 @@ async def test_a_faulty_leader_is_detected_and_does_not_hurt_the_honest_node(tmp
         assert sum(faults_by_member.values()) == len(probed)
         if fault == "drop":  # the other members probed the node themselves, with prompts of their own
             assert models.asked.count(honest.node_id_hex) >= 3
+        if fault == "forge":  # the forger never asked the node; its receipt verifies under no key but its own
+            assert honest.node_id_hex not in models.asked
+            assert all("signature does not verify" in h.reason for h in probed)
     finally:
         await committee.stop()
 

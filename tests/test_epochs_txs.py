@@ -19,6 +19,7 @@ from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
 from verifier.epochs.challenges import commit_prompt
 from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
+from verifier.epochs.runner import FORGED_TOKENS, forged_receipt
 
 MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
 MODELS = [Identity.from_seed(bytes([60 + i]) * 32) for i in range(3)]
@@ -205,6 +206,40 @@ def test_an_altered_reply_marks_the_leader_faulty_and_aborts(chain):
     assert summary.phase == rules.ABORTED and summary.faulty_leader and "did not sign" in summary.reason
     assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
     assert all(chain.model(m).reputation == 1.0 for m in MODELS)  # nobody is touched by an aborted epoch
+
+
+def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
+    """The leader posts text of its own for a node, with a receipt that covers the committed
+    request and that text and names the node, but that the leader signed itself (and alters a
+    second node's reply in the same post: the abort reason names every bad reply)."""
+    register_keys(chain)
+    forged = {}
+
+    def forge_first(prompts):
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        leader = next(m for m in MEMBERS if m.public_key == chain.section.current.leader)
+        request = challenge_request(prompts[MODELS[0].node_id][1], MODEL)
+        receipt = forged_receipt(leader, MODELS[0].node_id, request, list(FORGED_TOKENS))
+        forged["receipt"] = receipt
+        items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, token_ids=list(FORGED_TOKENS), receipt=receipt)
+        items[1].token_ids[-1] += 1  # and alters another node's reply: the reason names both
+        return items
+
+    leader, epoch, prompts = run_to_replies(chain, forge_first)
+    # well formed: names the node and covers the committed request and the posted tokens
+    receipt = forged["receipt"]
+    assert receipt.node_id == MODELS[0].node_id and receipt.model == MODEL
+    assert receipt.prompt_hash == receipts.request_prompt_hash(challenge_request(prompts[MODELS[0].node_id][1], MODEL))
+    assert receipt.output_hash == receipts.output_hash(list(FORGED_TOKENS))
+    sec = chain.section
+    summary = sec.history[-1]
+    assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
+    assert "did not sign" in summary.reason
+    assert f"{MODELS[0].node_id.hex()[:16]}: receipt signature does not verify" in summary.reason
+    assert f"{MODELS[1].node_id.hex()[:16]}: receipt covers different output tokens" in summary.reason
+    assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
+    assert all(chain.model(m).reputation == 1.0 and chain.model(m).trusted for m in MODELS)
+    assert not summary.result
 
 
 def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):

@@ -1,10 +1,18 @@
-"""Relay faults on a real overlay (14 user nodes relaying over pinned TLS on 127.0.0.1, the
-echo model node with the real clove intake): one relay (first or second hop) of n - k = 2 of the n = 4 paths
-is killed, hangs, drops, corrupts or replays the cloves it forwards. Every ask is still
-answered; killed relays leave the repaired path pool; corruptions and replays are dropped
-with a counted reason. Scenario code shared with bench/reliability.py."""
+"""Relay faults on a real overlay, scenario code shared with bench/reliability.py.
+
+In-process (14 user nodes relaying over pinned TLS on 127.0.0.1, the echo model node with the
+real clove intake): one relay (first or second hop) of n - k = 2 of the n = 4 paths is killed,
+hangs, drops, corrupts or replays the cloves it forwards. Every ask is still answered; killed
+relays leave the repaired path pool; corruptions and replays are dropped with a counted reason.
+
+Real processes (8 `gt-user start` relays, the echo model process): kill -9, SIGSTOP/SIGCONT,
+and drop / delay / blackhole on the links into relays through the fault proxy; plus the
+regressions those scenarios found, and the key-leak scan they end with."""
 
 from __future__ import annotations
+
+import asyncio
+import dataclasses
 
 import pytest
 
@@ -30,3 +38,143 @@ async def test_asks_survive_n_minus_k_faulty_relays(tmp_path, mode):
     if mode == "replay":
         assert extra["fault_hits"]["replay_refused"] == extra["fault_hits"]["replay"], out
         assert extra["relay_drops"].get("replay", 0) >= extra["fault_hits"]["replay"], out
+
+
+# ------------------------------------------------------------------ real relay processes
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", scenarios.RELAY_PROCESS_MODES)
+async def test_asks_survive_killed_paused_or_cut_off_relay_processes(tmp_path, mode):
+    """8 `gt-user start` relay processes and the echo model process; relays on n - k = 2 of
+    the asker's 4 paths are kill -9'd, SIGSTOPped then SIGCONTed, or cut off by their fault
+    proxy (drop, delay, blackhole, each healed). Every ask is answered, failed paths are
+    rebuilt around the fault, a resumed or healed relay carries a path again, no ask is left
+    pending, and no process wrote any of the processes' private keys to its log."""
+    out = await scenarios.relay_process_faults(tmp_path, mode, seed=11, quick=True)
+    extra = out["extra"]
+    leaks = extra["secrets_in_logs"]
+    assert leaks["hits"] == [], leaks
+    assert leaks["logs"] == scenarios.RELAY_PROCESSES + 1 and leaks["log_bytes"] > 0, leaks
+    assert out["requests_sent"] > 0 and out["answered"] == out["requests_sent"], out
+    assert out["lost"] == 0 and out["recover_s"] is not None, out
+    assert extra["asker_pending_after"] == 0, extra
+    budget = scenarios.RELAY_CLOVES_N - scenarios.RELAY_CLOVES_K
+    for phase in extra["phases"]:
+        assert phase["paths_hit"] == budget and phase["victims"], phase
+        assert sum(1 for relays in phase["pool"] if set(relays) & set(phase["victims"])) == budget, phase
+        assert phase["repair"]["repaired"], phase
+        if phase["phase"] != "link-delay":  # a delayed path still works: nothing to rebuild
+            assert phase["paths_rebuilt"] >= 1, phase
+        for name, probe in phase.get("probes", {}).items():
+            assert probe["health"] and probe["established"] and probe["replied"], (name, phase)
+    phases = {p["phase"]: p for p in extra["phases"]}
+    if mode == "pause":
+        assert all(phases["pause"]["own_api_ask"].values()), phases["pause"]
+    if mode == "link":
+        assert set(phases) == {f"link-{k}" for k in scenarios.LINK_PHASES}
+        assert phases["link-drop"]["proxy"]["refused"] + phases["link-drop"]["proxy"]["reset"] > 0, phases
+        assert phases["link-blackhole"]["proxy"]["blackholed_bytes"] > 0, phases
+        assert phases["link-delay"]["proxy"]["forwarded_bytes"] > 0, phases  # delayed, not lost
+
+
+class _HangingEstablish:
+    """A next-hop stub whose Establish hangs past the caller's deadline (a paused relay)."""
+
+    def __init__(self, inner, hang_s: float) -> None:
+        self.inner, self.hang_s = inner, hang_s
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def Establish(self, request, timeout=None):
+        from gentorrent.wire import gentorrent_pb2 as pb
+
+        await asyncio.sleep(self.hang_s)
+        return pb.EstablishReply(ok=False, reason="hung")
+
+
+@pytest.mark.timeout(60)
+async def test_a_hung_later_hop_is_suspected_not_only_the_first_hop(tmp_path):
+    """Regression: an establishment that ran into its deadline used to blame only the first
+    hop (+2: excluded at once) although a later hop hung, so repairs kept choosing the paused
+    relay and excluded its innocent neighbours. Now every hop is suspected once."""
+    from user_client.localnet import start_user_nodes
+
+    cloves, params = scenarios.scenario_params()
+    params = dataclasses.replace(params, establish_timeout_s=1.0)
+    nodes = await start_user_nodes(4, tmp_path / "directory.json", tmp_path, cloves=cloves, params=params,
+                                   maintain=False)
+    me, first, hung, last = nodes
+    try:
+        original = first.relay._relay_stub
+        first.relay._relay_stub = lambda a: _HangingEstablish(original(a), 3.0) if a == hung.address else original(a)
+        assert await me.paths.establish_through([first.record, hung.record, last.record]) is None
+        suspects = me.paths.status()["suspects"]
+        assert suspects.get(hung.address, 0) >= 1, suspects
+        assert suspects.get(first.address, 0) < 2, suspects  # not excluded for its successor's hang
+        first.relay._relay_stub = original
+        assert await me.paths.establish_through([first.record, last.record, hung.record]) is not None
+        assert first.address not in me.paths.status()["suspects"]  # a good path clears its hops
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+def test_key_leak_scan_finds_every_encoding_of_every_key(tmp_path):
+    import base64
+
+    from gentorrent.crypto import tls
+    from gentorrent.crypto.keys import NodeKeys
+    from gentorrent.testing.keyleaks import home_secrets, raw_private_bytes, scan_for_secrets
+
+    keys = NodeKeys.load_or_create(tmp_path / "home")
+    tls.TlsIdentity.load_or_create(tmp_path / "home", keys.identity)
+    needles = home_secrets(tmp_path / "home", "r0")
+    clean = tmp_path / "clean.log"
+    clean.write_text("INFO relay started at 127.0.0.1:4000 node " + keys.identity.node_id_hex + "\n")
+    assert scan_for_secrets([clean], needles) == []
+    leaks = {
+        "identity base64": base64.b64encode(keys.identity.seed()).decode(),
+        "onion hex": raw_private_bytes((tmp_path / "home" / "onion.key.pem").read_bytes()).hex().upper(),
+        "tls pem line 1": (tmp_path / "home" / "tls.key.pem").read_text().splitlines()[2],
+        "PEM private key": keys.identity.to_pem().decode(),
+    }
+    for label, text in leaks.items():
+        log = tmp_path / "leak.log"
+        log.write_text(f"DEBUG something {text} more\n")
+        assert any(label in hit for hit in scan_for_secrets([log], needles)), label
+
+
+
+@pytest.mark.timeout(60)
+async def test_an_ask_with_fewer_than_n_paths_fails_at_once(tmp_path):
+    """Regression: with only k <= m < n paths left (repair could not build more), the asker
+    split the query m ways, which the model node never decodes (it expects n-way cloves), and
+    the user waited out the whole reply timeout (60 s by default). Now: a clear error at once."""
+    from user_client.asking import AskError
+    from user_client.localnet import EchoModelNode, start_user_nodes
+
+    cloves, params = scenarios.scenario_params()
+    directory = tmp_path / "directory.json"
+    model = EchoModelNode(tmp_path / "model", directory, cloves=cloves, params=params)
+    await model.start()
+    nodes = await start_user_nodes(6, directory, tmp_path, cloves=cloves, params=params, maintain=False)
+    me = nodes[0]
+    try:
+        assert await me.paths.fill() >= cloves.n
+        await me.ask("warm up")
+        for path in me.paths.pool.usable(me.paths.clock())[: cloves.n - cloves.k]:
+            path.failed = True
+
+        async def no_relay_left():
+            return None
+        me.paths.build_one = no_relay_left
+        with pytest.raises(AskError) as err:
+            await asyncio.wait_for(me.ask("with k paths"), params.first_reply_timeout_s / 2)
+        assert "usable paths" in str(err.value), err.value
+        assert model.prompts == ["warm up"]  # nothing undecodable was sent
+    finally:
+        for n in nodes:
+            await n.stop()
+        await model.stop()

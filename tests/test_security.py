@@ -17,7 +17,7 @@ import pytest
 from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.crypto import onion
 from gentorrent.supervisor import Supervisor, python_module, wait_until
-from gentorrent.testing.committee import home_secrets_hex, scan_for_secrets
+from gentorrent.testing.keyleaks import home_secrets, scan_for_secrets
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.localnet import ECHO_PREFIX, start_user_nodes
@@ -117,7 +117,7 @@ async def test_no_private_key_material_in_the_logs_of_real_processes(tmp_path):
         for n in nodes:
             await n.stop()
         sup.stop_all()
-    secrets = home_secrets_hex(home)
+    secrets = home_secrets(home)
     assert len(scan_for_secrets([home / "identity.key.pem", home / "tls.key.pem"], secrets)) >= 2
     assert os.path.getsize(log) > 0
     assert scan_for_secrets([log], secrets) == [], log.read_text()[-2000:]

@@ -7,6 +7,15 @@ k of each chunk rebuild it, chunks are delivered in order. If the node does not 
 time, the next node is tried (with paths that failed replaced); the user sees an error only
 when no model node answered. The node that served a session gets its follow-ups (affinity).
 
+A failing model node must cost the user as little as possible, and never its paths:
+- a node that failed an ask is tried last for `failed_model_last_s` (the committee's reputation
+  is the lasting judgement; this is the user's short memory);
+- a clove that no path could deliver means the node is unreachable (dead, or paused), not
+  that every path broke at once: the paths are kept, unless they fail again for another node;
+- reply cloves are authenticated with keys only the user and the node hold, so a reply whose
+  cloves open but whose message does not decode was sent that way by the node: the attempt
+  fails at once instead of waiting out the reply timeout.
+
 Verifiers ask through exactly this code, so a challenge and a user's ask are the same bytes
 on the wire.
 """
@@ -38,6 +47,8 @@ from user_client.paths import PathManager, ProxyPath
 
 log = logging.getLogger(__name__)
 
+#: error of an attempt whose node sent authentic reply cloves holding no valid reply
+UNDECODABLE_REPLY = "undecodable reply from the model node"
 
 
 class AskError(RuntimeError):
@@ -109,6 +120,11 @@ class _Pending:
         self.answered = False
         self.settle_timer: asyncio.TimerHandle | None = None
         self.cloves_from: set[int] = set()  # path indices that returned at least one clove
+        self.timed_out = False  # the node went silent (rather than replied, if wrongly)
+
+    def fail_now(self, error: str) -> None:
+        """The node sent something no honest node sends: end the attempt now, out of order."""
+        self.queue.put_nowait(pb.GenerateChunk(final=True, error=error))
 
     def deliver(self, seq: int, chunk: pb.GenerateChunk) -> None:
         self.buffer[seq] = chunk
@@ -142,8 +158,11 @@ class Asker:
         self._pending: dict[bytes, _Pending] = {}
         self._last_expire = 0.0
         self._on_link: dict[bytes, list[bytes]] = {}  # a path's first link -> requests replying on it
+        self._failed_at: dict[str, float] = {}  # model node id -> when it last failed an attempt
+        self._suspect_paths: set[int] = set()  # paths that could not reach an unreachable node
         self.asked = 0
         self.answered = 0
+        self.chunks_in = 0  # reply chunks rebuilt and opened (progress of answers being streamed)
 
     # ------------------------------------------------------------------ reply cloves in
 
@@ -166,7 +185,7 @@ class Asker:
             raise Drop(DropReason.BAD_REPLY) from exc
         pending.cloves_from.add(index)
         path.replies += 1
-        if pending.answered:  # a late clove of an answered request: only the path judgement needs it
+        if pending.answered:  # a late clove of an ended attempt: only the path judgement needs it
             if len(pending.cloves_from) == len(pending.paths):
                 self._settle(pending)  # every path has delivered: nothing left to wait for
             raise Drop(DropReason.LATE)
@@ -175,14 +194,21 @@ class Asker:
         if now - self._last_expire > 1.0:
             self._last_expire = now
             self.groups.expire(now)
-        message = self.groups.add((pending.rid, seq), clove, now)
+        try:
+            message = self.groups.add((pending.rid, seq), clove, now)
+        except Drop as drop:
+            if drop.reason is DropReason.UNDECODABLE:  # authentic cloves that do not combine
+                pending.fail_now(f"{UNDECODABLE_REPLY}: reply cloves do not combine")
+            raise
         if message is None:
             return
         try:
             reply = sealing.open_reply(pending.reply_key, seq, message)
         except sealing.SealError as exc:
+            pending.fail_now(f"{UNDECODABLE_REPLY}: {exc}")
             raise Drop(DropReason.BAD_REPLY) from exc
         pending.deliver(seq, reply.chunk)
+        self.chunks_in += 1
 
     def _match(self, path: ProxyPath, tag: bytes) -> tuple[_Pending, int, int]:
         """The request, route index and chunk a reply clove on `path` belongs to."""
@@ -220,7 +246,18 @@ class Asker:
         nodes.sort(key=lambda m: -m.reputation)
         preferred = self.affinity.get(session) if session else None
         nodes.sort(key=lambda m: m.node_id != preferred)
+        nodes.sort(key=lambda m: self._failed_recently(m.node_id))  # even a session's node
         return nodes[: self.params.max_model_attempts]
+
+    def _failed_recently(self, node_id: str) -> bool:
+        at = self._failed_at.get(node_id)
+        return at is not None and self.clock() - at < self.params.failed_model_last_s
+
+    def _note_failure(self, node_id: str) -> None:
+        now = self.clock()
+        for old in [n for n, at in self._failed_at.items() if now - at >= self.params.failed_model_last_s]:
+            del self._failed_at[old]
+        self._failed_at[node_id] = now
 
     # ------------------------------------------------------------------ asking
 
@@ -254,6 +291,7 @@ class Asker:
                 return
             except _NodeFailed as failed:
                 self.drops.count(failed.reason)
+                self._note_failure(node.node_id)
                 attempts[-1].update(ok=False, reason=failed.reason.value, detail=str(failed))
                 if started:
                     raise AskError(f"model node {node.node_id[:16]} failed mid-answer: "
@@ -269,8 +307,10 @@ class Asker:
         attempts.append(attempt)
         n, k = self.cloves.n, self.cloves.k
         paths = await self.paths.pick(n)
-        if len(paths) < k:
-            raise _NodeFailed(DropReason.NO_ANSWER, f"only {len(paths)} usable paths, need {k}")
+        if len(paths) < n:
+            # a model node decodes only cloves split n ways (sida.combine's expect=(n, k)): over
+            # fewer paths it would never decode the query, and we would wait out the reply timeout
+            raise _NodeFailed(DropReason.NO_ANSWER, f"only {len(paths)} usable paths, need {n}")
         attempt["paths"] = [list(p.relays) for p in paths]
         req = pb.GenerateRequest()
         req.CopyFrom(request)
@@ -280,7 +320,6 @@ class Asker:
                                 routes=[pb.ReplyRoute(proxy_address=p.proxy, link_id=p.reply_link) for p in paths])
         self._register(pending)
         timings: dict[str, float] = {}
-        succeeded = False
         try:
             sealed = sealing.seal_query(node.onion_key, query)
             cloves = sida.split(sealed, len(paths), k)
@@ -289,17 +328,24 @@ class Asker:
             timings["seal_split_ms"] = (self.clock() - t0) * 1000
             t1 = self.clock()
             tried = list(paths)  # grows as spare paths replace failing ones
-            results = await asyncio.gather(*(self._send(node, p, e, tried) for p, e in zip(paths, envelopes)))
+            sent = await asyncio.gather(*(self._send(node, p, e, tried) for p, e in zip(paths, envelopes)))
             timings["send_ms"] = (self.clock() - t1) * 1000
-            if sum(results) < k:
-                raise _NodeFailed(DropReason.NO_ANSWER, f"only {sum(results)} of {len(paths)} cloves delivered")
+            delivered = sum(ok for ok, _ in sent)
+            failed = [p for _, bad in sent for p in bad]
+            if delivered == 0 and self._blame_node(failed):
+                raise _NodeFailed(DropReason.NO_ANSWER, f"model node unreachable: none of {len(failed)} "
+                                                        "sends delivered (paths kept)")
+            for p in failed:
+                self.paths.mark_failed(p)
+            self._suspect_paths.difference_update({p.path_id for p in tried} - {p.path_id for p in failed})
+            if delivered < k:
+                raise _NodeFailed(DropReason.NO_ANSWER, f"only {delivered} of {len(paths)} cloves delivered")
             async for item in self._receive(pending, req, node, paths, attempts, timings, t0):
-                if isinstance(item, Answer):
-                    succeeded = True
                 yield item
         finally:
-            if succeeded and len(pending.cloves_from) < len(pending.paths):
-                # the last reply cloves may still be on their way: judge the paths later
+            if pending.cloves_from and not pending.timed_out and len(pending.cloves_from) < len(pending.paths):
+                # the node replied (an answer, or an error or garbage that ended the attempt
+                # early); its last reply cloves may still be on their way: judge the paths later
                 pending.answered = True
                 pending.settle_timer = asyncio.get_running_loop().call_later(
                     self.params.forward_timeout_s, self._settle, pending)
@@ -315,9 +361,24 @@ class Asker:
         self._forget(pending)
         self._judge_paths(pending)
 
-    async def _send(self, node: ModelRecord, path: ProxyPath, envelope: bytes, in_use: list[ProxyPath]) -> bool:
-        """Send one clove; on a failed path, mark it and resend once over a spare path."""
+    def _blame_node(self, failed: list[ProxyPath]) -> bool:
+        """No send delivered: blame the node (keep the paths) unless one of these paths already
+        failed that way for another node, when the paths are the likelier culprit."""
+        ids = {p.path_id for p in failed}
+        if ids & self._suspect_paths:
+            self._suspect_paths -= ids
+            return False
+        if len(self._suspect_paths) > 8 * self.cloves.proxies_kept:  # ids of retired paths: forget them
+            self._suspect_paths.clear()
+        self._suspect_paths |= ids
+        return True
+
+    async def _send(self, node: ModelRecord, path: ProxyPath, envelope: bytes, in_use: list[ProxyPath]
+                    ) -> tuple[bool, list[ProxyPath]]:
+        """Send one clove, once more over a spare path if that fails; whether it was delivered,
+        and the paths that failed (the caller decides whether they or the node are to blame)."""
         instruction = pb.ProxyInstruction(destination=node.address, payload=envelope).SerializeToString()
+        failed: list[ProxyPath] = []
         for _ in range(2):
             blob = onion.wrap_forward(path.secrets, instruction,
                                       pad_to=_bucket(len(instruction), self.params.pad_bucket_bytes))
@@ -331,17 +392,17 @@ class Asker:
                     ack = await stub.Forward(pb.CloveEnvelope(link_id=path.first_link, payload=blob),
                                              timeout=self.params.forward_timeout_s)
                     if ack.ok or ack.reason == DropReason.BUSY.value:
-                        return True  # delivered; a busy node says so on the reply routes
+                        return True, failed  # delivered; a busy node says so on the reply routes
                     log.info("path %d refused a clove: %s", path.path_id, ack.reason)
                 except grpc.aio.AioRpcError as exc:
                     log.info("path %d failed a send: %s", path.path_id, exc.code())
-            self.paths.mark_failed(path)
+            failed.append(path)
             spare = self.paths.spare(in_use)
             if spare is None:
-                return False
+                return False, failed
             in_use.append(spare)
             path = spare
-        return False
+        return False, failed
 
     def _relay_cert(self, address: str) -> bytes | None:
         return next((u.tls_cert for u in self.directory.users() if u.address == address), None)
@@ -355,6 +416,7 @@ class Asker:
             try:
                 chunk = await asyncio.wait_for(pending.queue.get(), timeout)
             except asyncio.TimeoutError:
+                pending.timed_out = True  # late reply cloves are not coming: judge the paths now
                 raise _NodeFailed(DropReason.NO_ANSWER, f"no reply within {timeout:.0f} s") from None
             if "first_chunk_ms" not in timings:
                 timings["first_chunk_ms"] = (self.clock() - t0) * 1000
@@ -383,7 +445,8 @@ class Asker:
                 self.paths.mark_failed(path)
 
     def status(self) -> dict:
-        return {"asked": self.asked, "answered": self.answered, "pending": len(self._pending),
+        return {"asked": self.asked, "answered": self.answered, "chunks_in": self.chunks_in,
+                "pending": len(self._pending),
                 "drops": self.drops.as_dict(), "sessions": len(self.affinity)}
 
 

@@ -84,7 +84,7 @@ async def _run_node(args, api_listen: str) -> None:
     home = Path(args.home)
     conf = _load_config(home)
     node = UserNode(home, _directory(args), listen=args.listen, region=args.region,
-                    cloves=conf["cloves"], params=conf["overlay"])
+                    cloves=conf["cloves"], params=conf["overlay"], advertise=args.advertise)
     await node.start(build_paths=False)
     api = ApiServer(node, api_listen)
     await api.start()
@@ -211,10 +211,14 @@ def _node_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--committee", metavar="GENESIS",
                    help="the committee's genesis file: fetch the checked directory and register there")
     p.add_argument("--region", default="default")
+    p.add_argument("--advertise", metavar="H:P",
+                   help="relay address to register, when peers reach this node elsewhere than --listen "
+                        "(a port forward); default: the address it listens on")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gt-user", description="GenTorrent user node: anonymous LLM asks")
+    ap.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("start", help="run a user node (relay, proxy paths, local API)")
     _node_options(p)
@@ -246,7 +250,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "prompt", None) is not None and len(args.prompt.encode()) > WIRE.max_prompt_bytes:
         print(f"gt-user: error: prompt larger than {WIRE.max_prompt_bytes} bytes", file=sys.stderr)
         return EXIT_USAGE

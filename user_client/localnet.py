@@ -3,8 +3,11 @@
 `start_user_nodes` starts user nodes (real Relay servers over pinned TLS) sharing one static
 directory. `EchoModelNode` is a stand-in model node: a real ModelNode gRPC server with the
 real clove intake, whose "engine" echoes the prompt back, signs real receipts, and can be told
-to stall (to kill relays while a request is in flight). It exists to measure and test the
-overlay alone; the real model node (gentorrent.model_node) plugs the same intake into vLLM.
+to stall (to kill relays while a request is in flight) or to stream slowly in several chunks
+(to kill or pause the model node itself mid-stream); misbehaving variants for fault drills
+are in gentorrent.testing.model_drills (`echo-model --misbehave KIND`). It exists to measure
+and test the overlay alone; the real model node (gentorrent.model_node) plugs the same intake
+into vLLM.
 """
 
 from __future__ import annotations
@@ -53,11 +56,13 @@ class EchoModelNode(rpc.ModelNodeServicer):
     """A ModelNode server whose engine echoes; real keys, TLS, receipts and clove intake."""
 
     def __init__(self, home: Path, directory_path: Path, model: str = MODEL_NODE.default_model,
-                 chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY) -> None:
+                 chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
+                 chunk_delay_s: float = 0.0) -> None:
         self.home = Path(home)
         self.directory = StaticDirectory(directory_path)
         self.model = model
         self.chunks = chunks
+        self.chunk_delay_s = chunk_delay_s  # pause before every chunk after the first
         self.keys = NodeKeys.load_or_create(self.home)
         self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
         self.channels = ChannelPool()
@@ -106,6 +111,8 @@ class EchoModelNode(rpc.ModelNodeServicer):
         step = -(-len(answer) // max(1, self.chunks))
         pieces = [answer[i:i + step] for i in range(0, len(answer), step)] or [""]
         for i, piece in enumerate(pieces):
+            if i and self.chunk_delay_s:
+                await asyncio.sleep(self.chunk_delay_s)
             final = i == len(pieces) - 1
             chunk = pb.GenerateChunk(text=piece, token_ids=list(piece.encode()), final=final,
                                      served_by=self.keys.identity.node_id_hex)
@@ -128,11 +135,32 @@ class EchoModelNode(rpc.ModelNodeServicer):
         return pb.HealthReply(node_id=self.keys.identity.node_id_hex, role="model", serving=True)
 
 
-async def _serve_echo(home: Path, directory: Path, chunks: int) -> None:
+def home_config(home: Path) -> dict:
+    """{"cloves", "params"} from HOME/config.toml's [cloves] and [overlay], checked as gt-user
+    checks its own (defaults without a file): the node must decode with its askers' k."""
+    from gentorrent import settings
+
+    path = Path(home) / "config.toml"
+    if not path.exists():
+        return {"cloves": CLOVES, "params": OVERLAY}
+    conf = settings.load(path, {**settings.COMMON_SECTIONS, "overlay": OverlayParams})
+    return {"cloves": conf["cloves"], "params": conf["overlay"]}
+
+
+async def _serve_echo(home: Path, directory: Path, chunks: int, chunk_delay_s: float = 0.0,
+                      admit: int | None = None, misbehave: str | None = None) -> None:
     import json
     import signal
 
-    model = EchoModelNode(home, directory, chunks=chunks)
+    if misbehave:  # a fault drill: never part of an honest node
+        from gentorrent.testing.model_drills import MisbehavingEchoModelNode
+
+        model: EchoModelNode = MisbehavingEchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
+                                                        misbehave=misbehave, **home_config(home))
+    else:
+        model = EchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s, **home_config(home))
+    if admit is not None:
+        model.intake.max_active = admit
     await model.start()
     print(json.dumps({"address": model.address, "node_id": model.record.node_id}), flush=True)
     stop = asyncio.Event()
@@ -150,9 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=["echo-model"])
     ap.add_argument("--home", required=True)
     ap.add_argument("--directory", required=True)
-    ap.add_argument("--chunks", type=int, default=1)
+    ap.add_argument("--chunks", type=int, default=1, help="stream each answer in this many chunks")
+    ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="pause before every chunk after the first")
+    ap.add_argument("--admit", type=int, default=None,
+                    help="queries served at a time; more are refused as busy (0: refuse every query)")
+    ap.add_argument("--misbehave", default=None, choices=("garbage", "bad-signature"),
+                    help="FAULT DRILLS ONLY (gentorrent.testing.model_drills): garbage = undecodable reply "
+                         "messages in valid cloves; bad-signature = right answer, receipt signature broken")
     args = ap.parse_args(argv)
-    asyncio.run(_serve_echo(Path(args.home), Path(args.directory), args.chunks))
+    asyncio.run(_serve_echo(Path(args.home), Path(args.directory), args.chunks, args.chunk_delay_s,
+                            args.admit, args.misbehave))
     return 0
 
 

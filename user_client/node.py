@@ -64,7 +64,11 @@ class UserNode:
         rng: random.Random | None = None,
         tap: Tap | None = None,
         maintain: bool = True,
+        advertise: str | None = None,
     ) -> None:
+        """`advertise`: the address peers reach this node at, when it is not the one it listens
+        on (a port forward, or a fault proxy in a test); it is what the directory lists and
+        what this relay names as its return address."""
         self.home = Path(home)
         self.directory = directory
         self.listen = listen
@@ -74,6 +78,7 @@ class UserNode:
         self.rng = rng
         self.tap = tap
         self.maintain = maintain
+        self.advertise = advertise
         self.keys = NodeKeys.load_or_create(self.home)
         self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
         self.node_id_hex = self.keys.identity.node_id_hex
@@ -97,7 +102,7 @@ class UserNode:
         """Listen, register with the directory, then (optionally) build the first paths."""
         server, port = tls.new_server(self.tls, self.listen)
         host = self.listen.rpartition(":")[0]
-        self.address = f"{host}:{port}"
+        self.address = self.advertise or f"{host}:{port}"
         self.index = DirectoryIndex(self.directory)
         self.relay = Relay(self.keys.onion, self.address, self._relay_cert, self._model_cert, self.channels,
                            self.node_id_hex, self.params, tap=self.tap)

@@ -194,6 +194,11 @@ class PathManager:
                 return path
         return None
 
+    async def establish_through(self, relays: list[UserRecord]) -> ProxyPath | None:
+        """One path over exactly `relays` (first hop first), pooled like any other: how a probe
+        checks that one given relay carries traffic (again), e.g. after it was paused."""
+        return await self._establish(relays)
+
     async def _establish(self, relays: list[UserRecord]) -> ProxyPath | None:
         hops = [onion.HopSpec(r.address, r.onion_key) for r in relays]
         onion_bytes, secrets = onion.build_onion(hops)  # keys and link IDs from the OS CSPRNG
@@ -207,8 +212,15 @@ class PathManager:
                 timeout=self.params.establish_timeout_s,
             )
             ok = reply.ok and onion.unwrap_return(secrets, reply.confirmation) == CONFIRMATION
-        except grpc.aio.AioRpcError:
-            self._suspect_hops[first.address] += 2  # the first hop itself is unreachable
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # a hop further on may be the one that hangs (paused, blackholed): each hop's
+                # call to the next runs into the same deadline, so the answer never says which
+                # hop it was. Suspect them all once; a hop on a later good path is cleared.
+                for r in relays:
+                    self._suspect_hops[r.address] += 1
+            else:
+                self._suspect_hops[first.address] += 2  # the first hop itself is unreachable
             self.build_failures += 1
             return None
         except onion.CloveLayerError:
@@ -286,5 +298,5 @@ class PathManager:
     def status(self) -> dict:
         now = self.clock()
         return {"usable": len(self.pool.usable(now)), "keep": self.pool.keep, "built": self.built,
-                "build_failures": self.build_failures,
+                "build_failures": self.build_failures, "suspects": dict(self._suspect_hops),
                 "paths": [p.describe() for p in self.pool.paths.values()]}

@@ -6,7 +6,8 @@
     gt-verifier init --home DIR --join GENESIS --listen HOST:PORT
         a non-validating node that follows an existing committee (serves queries, relays txs)
     gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
-                      [--epochs --reference-model HOST:PORT --reference-cert FILE [--probe-directory FILE]]
+                      [--epochs --reference-model HOST:PORT --reference-cert FILE [--probe-directory FILE]
+                       [--challenge-spread-s S]]
         run the node (embedded Tendermint consensus), or serve the application to CometBFT;
         --epochs also runs verification epochs (verifier.epochs.runner) with that reference model
     gt-verifier status --home DIR [--address HOST:PORT]
@@ -22,8 +23,10 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from gentorrent.config import EPOCH_RUN
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.crypto.tls import TlsError, TlsIdentity, connect
 from gentorrent.wire import gentorrent_pb2 as pb
@@ -98,7 +101,8 @@ def _epoch_args(args: argparse.Namespace) -> dict | None:
     if not Path(args.reference_cert).is_file():
         raise ValueError(f"--reference-cert {args.reference_cert}: no such file")
     return {"address": args.reference_model, "cert": Path(args.reference_cert),
-            "probe_directory": Path(args.probe_directory) if args.probe_directory else None}
+            "probe_directory": Path(args.probe_directory) if args.probe_directory else None,
+            "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s)}  # checks the range
 
 
 async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboard: str | None = None,
@@ -129,7 +133,7 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
         from verifier.epochs.wiring import attach_epochs
 
         await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]),
-                            epochs["probe_directory"])
+                            epochs["probe_directory"], epochs["params"])
         print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
     # --- status page and /metrics (issue 8): read-only views of the running node
     live = None
@@ -198,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reference-cert", metavar="FILE", help="its TLS certificate (pinned)")
     s.add_argument("--probe-directory", metavar="FILE",
                    help="the overlay's directory file: this member's own user node probes through it")
+    s.add_argument("--challenge-spread-s", type=float, default=EPOCH_RUN.challenge_spread_s, metavar="S",
+                   help="each challenge leaves after a random delay in [0, S] (default %(default)s)")
     s.set_defaults(func=cmd_start)
     st = sub.add_parser("status", help="ask a running verifier for its status")
     st.add_argument("--home", required=True)

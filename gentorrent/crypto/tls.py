@@ -36,6 +36,13 @@ from gentorrent.crypto.keys import Identity
 SERVER_NAME = "node.gentorrent"
 CERT_FILE = "tls.crt.pem"
 KEY_FILE = "tls.key.pem"
+#: how far before its creation a certificate is valid. gRPC's TLS (BoringSSL) checks
+#: notBefore/notAfter against the *verifying* node's clock (measured: a client 1 h behind
+#: fails with "certificate is not yet valid"), so a certificate made "now" by a node with a
+#: fast clock, or checked by a node with a slow one, would cut that node off from the
+#: committee. The dates carry no trust here (the pin from the registry does), so the window
+#: only has to contain every plausible clock: a year back, ten years ahead.
+NOT_BEFORE_BACKDATE = dt.timedelta(days=365)
 
 
 class TlsError(ConnectionError):
@@ -90,7 +97,7 @@ def make_self_signed(identity: Identity, days: int = 3650) -> TlsIdentity:
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(now - NOT_BEFORE_BACKDATE)
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName([
             x509.DNSName(SERVER_NAME),

@@ -59,9 +59,11 @@ class Ledger:
 
 
 class ProxiedCommittee:
-    def __init__(self, root: Path, n: int = 4, seed: int = 0) -> None:
+    def __init__(self, root: Path, n: int = 4, seed: int = 0,
+                 node_env: dict[int, dict[str, str]] | None = None) -> None:
         self.root = Path(root)
         self.n = n
+        self.node_env = node_env or {}  # extra environment of node i's first start
         self.seed = seed
         self.net = FaultNetwork(seed)
         self.sup = Supervisor(self.root / "procs")
@@ -92,12 +94,20 @@ class ProxiedCommittee:
                          for j, v in enumerate(self.genesis.validators))
             replace(self.genesis, validators=vals).save(home / "genesis.json")
         for i in range(self.n):
-            self.start_node(i)
+            self.start_node(i, self.node_env.get(i))
         return self
 
-    def start_node(self, i: int) -> None:
+    def start_node(self, i: int, env: dict[str, str] | None = None) -> None:
+        """(Re)start node i; `env` adds to its environment (GT_FAILPOINTS, LD_PRELOAD, ...)."""
         self.sup.spawn(node_name(i), python_module("verifier.cli", "--log-level", "INFO", "start", "--home",
-                                                   str(self.homes[i])), cwd=ROOT)
+                                                   str(self.homes[i])), env=env, cwd=ROOT)
+
+    def exit_code(self, i: int) -> int | None:
+        """None while node i runs; its exit status (-9 for SIGKILL) once it ended."""
+        return self.sup.exit_code(node_name(i))
+
+    def log_text(self, i: int) -> str:
+        return (self.sup.logs / f"{node_name(i)}.log").read_text(errors="replace")
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
         self.sup.kill(node_name(i), sig)
@@ -221,30 +231,3 @@ async def audit(c: ProxiedCommittee, ledger: Ledger, timeout_s: float = 60.0) ->
             evidence[ev.vote_a.validator] = evidence.get(ev.vote_a.validator, 0) + 1
     lost = len(set().union(*map(set, missing)))
     return Audit(top, forks, app_equal, evidence, lost, converge_s)
-
-
-def scan_for_secrets(paths, secrets_hex: list[str]) -> list[str]:
-    """Lines of `paths` holding a PEM private key header or one of the given raw keys in hex."""
-    hits = []
-    needles = ["PRIVATE KEY-----"] + [s.lower() for s in secrets_hex if s]
-    for path in paths:
-        text = Path(path).read_text(errors="replace")
-        low = text.lower()
-        for needle in needles:
-            if needle.lower() in low:
-                hits.append(f"{path}: {needle[:16]}...")
-    return hits
-
-
-def home_secrets_hex(home: Path) -> list[str]:
-    """The raw private keys (hex) held in a node home: identity seed, onion key, TLS key body."""
-    from cryptography.hazmat.primitives import serialization
-
-    home = Path(home)
-    out = [Identity.from_pem((home / "identity.key.pem").read_bytes()).seed().hex()]
-    onion = OnionKey.from_pem((home / "onion.key.pem").read_bytes())
-    out.append(onion.private_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                               serialization.NoEncryption()).hex())
-    tls_pem = (home / "tls.key.pem").read_text().splitlines()
-    out += [line for line in tls_pem if line and "-----" not in line]  # base64 body lines
-    return out

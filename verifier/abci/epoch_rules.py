@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
 DONE, ABORTED = "done", "aborted"
 CODE_WRONG_PHASE = 30  # an epoch tx that does not fit the epoch's phase (a late or early one)
+REASONS_LISTED = 4  # altered replies named in an abort reason (the history keeps reasons: bounded)
 
 __all__ = ["next_section", "end_block", "leader_of", "member_keys_of", "phase_of", "CODE_WRONG_PHASE",
            "ELECTING", "PLANNING", "PROBING", "ATTESTING", "RESOLVING", "DONE", "ABORTED"]
@@ -206,7 +207,9 @@ def _replies(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.Epoc
     cur.replies.extend(m.replies)
     altered = [problem for r in m.replies if not r.missing for problem in _receipt_problems(view, r)]
     if altered:
-        _abort(cur, faulty=True, reason="leader posted a reply its node did not sign: " + altered[0])
+        listed = "; ".join(altered[:REASONS_LISTED]) + (f" (and {len(altered) - REASONS_LISTED} more)"
+                                                          if len(altered) > REASONS_LISTED else "")
+        _abort(cur, faulty=True, reason="leader posted a reply its node did not sign: " + listed)
         return
     _enter(view, cur, ATTESTING if any(not r.missing for r in cur.replies) else RESOLVING)
     _maybe_settle(view, sec)

@@ -20,17 +20,23 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from gentorrent.config import ConsensusTimeouts
+from gentorrent.config import WIRE, ConsensusTimeouts
 from verifier.consensus.state_machine import (CastVote, Decision, HeightStateMachine, Output,
                                               ProposeValue, ScheduleTimeout)
 from verifier.consensus.types import (Block, Commit, CommitError, CommitSig,
                                       DuplicateVoteEvidence, Proposal, Step, ValidatorSet, Vote,
-                                      VoteType, verify_commit)
+                                      VoteType, encode_message, verify_commit)
 from verifier.consensus.votes import AddOutcome
 
 log = logging.getLogger(__name__)
 
-MAX_BUFFERED_FUTURE = 4096  # messages of height + 1 kept until we get there
+# Early messages of height + 1, kept until we get there. Only authentic ones (signature, and
+# the round's proposer for a proposal) are kept, within a budget per validator: a proposal can
+# carry a 4 MiB block, so 4096 unchecked messages could have pinned ~16 GiB. Worst case now
+# n * MAX_FUTURE_BYTES_PER_VALIDATOR; an honest validator needs one proposal and a few votes.
+MAX_BUFFERED_FUTURE = 4096
+MAX_FUTURE_PER_VALIDATOR = 64
+MAX_FUTURE_BYTES_PER_VALIDATOR = 2 * WIRE.max_message_bytes
 MAX_PENDING_EVIDENCE = 1000
 EVIDENCE_MAX_AGE = 10_000  # heights after which equivocation is no longer reported
 
@@ -50,6 +56,19 @@ class Host(Protocol):
 
     def validate_block(self, block: Block) -> bool:
         """valid(v): header links, last commit, app's ProcessProposal."""
+
+
+def within_drift(block_time_ms: int, now_ms: int, max_drift_ms: int) -> bool:
+    """Whether a new proposal's time is acceptable to a validator whose clock reads `now_ms`:
+    at most `max_drift_ms` ahead (CometBFT PBTS's PRECISION + MSGDELAY, upper side only).
+
+    No lower bound: a proposer whose clock is behind proposes last block time + 1 ms, which
+    is harmless (block time only lags), whereas rejecting old times would stall a committee
+    with slow clocks. Applies to live proposals only, never to a block that comes with a
+    commit (catch-up): that block was already decided."""
+    if max_drift_ms < 0:
+        raise ValueError(f"max_drift_ms must be >= 0, not {max_drift_ms}")
+    return block_time_ms <= now_ms + max_drift_ms
 
 
 # --------------------------------------------------------------------------- effects
@@ -107,8 +126,12 @@ Effect = Broadcast | StartTimer | Decide | NeedBlock | Refused
 class Driver:
     def __init__(self, chain_id: str, validators: ValidatorSet, me: int | None, signer: Signer | None,
                  host: Host, timeouts: ConsensusTimeouts,
-                 journal: Callable[[Proposal | Vote], None] | None = None) -> None:
+                 journal: Callable[[Proposal | Vote], None] | None = None,
+                 timely: Callable[[Block], bool] | None = None) -> None:
         self.chain_id = chain_id
+        #: whether a received new proposal's block time is within the clock-drift bound (the
+        #: shell asks its clock with `within_drift`); None: every proposal is timely
+        self.timely = timely
         #: called with every own message right after it is signed, before anything else
         #: happens: the node appends it to the WAL, which the next signature syncs
         self.journal = journal
@@ -120,6 +143,7 @@ class Driver:
         self.sm: HeightStateMachine | None = None
         self.height = 0
         self._future: dict[tuple, Proposal | Vote] = {}  # early messages of height + 1
+        self._future_use: dict[int, tuple[int, int]] = {}  # validator -> (messages, bytes) buffered
         self._own: dict[tuple[int, Step], Proposal | Vote] = {}  # (round, step) -> signed msg
         self._validity: dict[bytes, bool] = {}
         self.pending_evidence: list[DuplicateVoteEvidence] = []
@@ -144,6 +168,10 @@ class Driver:
             if (isinstance(ev, (Proposal, Vote)) and ev.height == height and ev.validator == self.me
                     and ev.signed_by(self.chain_id, self.validators[self.me].public_key)):
                 self._own.setdefault((ev.round, Step.PROPOSE if isinstance(ev, Proposal) else ev.step), ev)
+        for ev in replay:
+            if (isinstance(ev, Proposal) and ev.height == height and ev.validator == self.me and not ev.signature
+                    and (ev.round, Step.PROPOSE) not in self._own):
+                self._recover_proposal(ev)
         effects = self._run(self.sm.start())
         for ev in replay:
             if self.decided:
@@ -152,7 +180,7 @@ class Driver:
                 effects += self.on_timeout(ev.step, ev.height, ev.round)
             else:
                 effects += self.on_message(ev)
-        buffered, self._future = list(self._future.values()), {}
+        buffered, self._future, self._future_use = list(self._future.values()), {}, {}
         for msg in buffered:
             effects += self.on_message(msg)
         return effects
@@ -161,8 +189,10 @@ class Driver:
         if self.sm is None:
             return []
         if msg.height == self.height + 1:
-            if len(self._future) < MAX_BUFFERED_FUTURE:
-                self._future.setdefault(_message_key(msg), msg)
+            if _message_key(msg) not in self._future:  # (a key holds the signature: a known one was checked)
+                if not self._future_candidate(msg):
+                    return []
+                self._buffer_future(msg)
             # peers are ahead; if we are still here a little later, we fetch the block
             return [NeedBlock(self.height, msg.validator)]
         if msg.height > self.height + 1:
@@ -175,6 +205,59 @@ class Driver:
         if isinstance(msg, Proposal):
             return self._on_proposal(msg)
         return self._on_vote(msg)
+
+    def admits(self, msg: Proposal | Vote) -> bool:
+        """Whether on_message(msg) would change this driver's state: exactly the received
+        messages the node must write ahead (replay is the same without the others), so an
+        unauthenticated peer, or a validator repeating itself, cannot grow the log."""
+        if self.sm is None:
+            return False
+        if msg.height == self.height + 1:
+            return self._future_candidate(msg) and self._future_room(msg) is not None
+        if msg.height != self.height or self.decided or self._far_round(msg):
+            return False
+        if isinstance(msg, Proposal):
+            return msg.round not in self.sm.proposals and self._authentic(msg)
+        return (0 <= msg.validator < len(self.validators) and not self.sm.votes.has_vote(msg)
+                and self._authentic(msg))
+
+    def buffered_future(self) -> tuple[int, int]:
+        """(messages, bytes) of the next height held now."""
+        return len(self._future), sum(b for _, b in self._future_use.values())
+
+    def _far_round(self, msg: Proposal | Vote) -> bool:
+        current = max(self.sm.round, 0) if self.sm and msg.height == self.height else 0
+        return msg.round > current + self.timeouts.max_rounds_ahead
+
+    def _authentic(self, msg: Proposal | Vote) -> bool:
+        """Signed by the validator it names; a proposal also by that round's proposer (the
+        caller bounded the round: proposer selection costs O(round))."""
+        if not 0 <= msg.validator < len(self.validators):
+            return False
+        if not msg.signed_by(self.chain_id, self.validators[msg.validator].public_key):
+            return False
+        return not isinstance(msg, Proposal) or msg.validator == self.validators.proposer(msg.height, msg.round)
+
+    def _future_candidate(self, msg: Proposal | Vote) -> bool:
+        return not self._far_round(msg) and _message_key(msg) not in self._future and self._authentic(msg)
+
+    def _future_room(self, msg: Proposal | Vote) -> int | None:
+        """The message's size if the next-height buffer has room for it from its sender."""
+        count, used = self._future_use.get(msg.validator, (0, 0))
+        size = len(encode_message(msg))
+        if (len(self._future) >= MAX_BUFFERED_FUTURE or count >= MAX_FUTURE_PER_VALIDATOR
+                or used + size > MAX_FUTURE_BYTES_PER_VALIDATOR):
+            return None
+        return size
+
+    def _buffer_future(self, msg: Proposal | Vote) -> None:
+        size = self._future_room(msg)
+        if size is None:
+            log.debug("next-height buffer full for validator %d: message dropped", msg.validator)
+            return
+        count, used = self._future_use.get(msg.validator, (0, 0))
+        self._future[_message_key(msg)] = msg
+        self._future_use[msg.validator] = (count + 1, used + size)
 
     def on_timeout(self, step: Step, height: int, round_: int) -> list[Effect]:
         if self.sm is None or height != self.height or self.decided:
@@ -232,7 +315,8 @@ class Driver:
             return []
         if p.validator == self.me:
             self._own[(p.round, Step.PROPOSE)] = p
-        return self._run(self.sm.on_proposal(p, self._valid(p.block)))
+        on_time = p.validator == self.me or p.pol_round >= 0 or self.timely is None or self.timely(p.block)
+        return self._run(self.sm.on_proposal(p, self._valid(p.block), on_time))
 
     def _valid(self, block: Block) -> bool:
         h = block.hash()
@@ -340,7 +424,27 @@ class Driver:
             block, pol = self.host.make_block(o.height, o.round, evidence), -1
             self._validity[block.hash()] = True
         unsigned = Proposal(o.height, o.round, pol, block, self.me)
+        if self.journal and pol < 0:
+            self.journal(unsigned)  # see _recover_proposal
         return self._sign(Step.PROPOSE, o.round, unsigned, effects)
+
+    def _recover_proposal(self, unsigned: Proposal) -> None:
+        """A new block this node logged just before signing its proposal (the signed message is
+        logged only after the signer has made its state durable). If a crash fell in between,
+        the signer holds a signature for exactly this block and would refuse any other one for
+        the round: propose this one again. (Had it not signed yet, it signs it now: nothing
+        else was ever signed for that step.)"""
+        if self.signer is None:
+            return
+        try:
+            sig = self.signer.sign(Step.PROPOSE, unsigned.height, unsigned.round, unsigned.sign_bytes(self.chain_id))
+        except DoubleSignError:
+            return
+        signed = _with_signature(unsigned, sig)
+        self._own[(unsigned.round, Step.PROPOSE)] = signed
+        if self.journal:
+            self.journal(signed)
+        log.info("own proposal at %d/%d recovered from the write-ahead log", unsigned.height, unsigned.round)
 
     def _pol_votes(self, p: Proposal) -> list[Vote]:
         """The prevotes proving the polka a re-proposal refers to."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import grpc
 
+from gentorrent import failpoints
 from gentorrent.config import WIRE
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.crypto.tls import TlsIdentity, new_server, pinned_channel
@@ -33,7 +34,7 @@ from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from verifier.abci.interface import Application, BlockContext, ValidatorInfo
 from verifier.consensus.blockstore import BlockStore
 from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, StartTimer,
-                                       TimeoutFired)
+                                       TimeoutFired, within_drift)
 from verifier.consensus.home import DATA_DIR, NodeConfig, validator_set_of
 from verifier.consensus.privval import PrivValidator
 from verifier.consensus.types import (Block, Commit, DecodeError, DirectoryProofCodec,
@@ -60,6 +61,10 @@ class AppHashMismatch(RuntimeError):
 # --------------------------------------------------------------------------- host
 
 
+#: a node whose clock is behind finds every proposal early: say so once in a while, not each time
+UNTIMELY_LOG_EVERY_S = 30.0
+
+
 class ChainHost:
     """driver.Host over the application and the block store: builds and checks blocks."""
 
@@ -77,6 +82,9 @@ class ChainHost:
         self.last_commit: Commit | None = None
         self.app_hash = b""
         self.last_time_ms = genesis.genesis_time_ms
+        self.max_clock_drift_ms = config.consensus_timeouts().max_clock_drift_ms
+        self.untimely = 0  # live proposals this node prevoted nil for being ahead of its clock
+        self._untimely_logged = float("-inf")
 
     def load_tip(self, app_hash: bytes) -> None:
         self.app_hash = app_hash
@@ -99,6 +107,19 @@ class ChainHost:
         return make_block(self.genesis.chain_id, height, time_ms, self.me_key,
                           self.last_block.hash() if self.last_block else b"", self.last_commit,
                           tuple(txs), self.validators, self.app_hash, evidence)
+
+    def timely(self, block: Block) -> bool:
+        """A live proposal's time against this node's clock (prevote nil if too far ahead)."""
+        now_ms = int(time.time() * 1000)
+        if within_drift(block.header.time_ms, now_ms, self.max_clock_drift_ms):
+            return True
+        self.untimely += 1
+        if time.monotonic() - self._untimely_logged >= UNTIMELY_LOG_EVERY_S:  # a slow clock: every proposal
+            self._untimely_logged = time.monotonic()
+            log.warning("proposal for height %d is %d ms ahead of this node's clock (bound %d ms): prevote nil "
+                        "(%d such proposals so far; is this node's clock behind?)", block.height,
+                        block.header.time_ms - now_ms, self.max_clock_drift_ms, self.untimely)
+        return False
 
     def validate_block(self, block: Block) -> bool:
         h = block.header
@@ -132,10 +153,13 @@ class ChainHost:
                 f"block {block.height - 1}, this node computed {self.app_hash.hex()[:16]}…")
         if save:
             self.store.save(block, commit)
+            failpoints.hit("verifier.after_save_block")
         h = block.header
         result = self.app.finalize_block(block.txs, self._ctx(h.height, h.time_ms, h.proposer, block.hash(),
                                                               block.evidence))
+        failpoints.hit("verifier.after_finalize")
         self.app.commit()
+        failpoints.hit("verifier.after_commit")
         self.app_hash = result.app_hash
         self.height = block.height
         self.last_block, self.last_commit = block, commit
@@ -228,7 +252,7 @@ class VerifierNode:
         self.host = ChainHost(self.genesis, self.app, self.store, self.identity.public_key, self.mempool,
                               self.config)
         self.driver = Driver(self.genesis.chain_id, self.validators, self.me, self.privval, self.host,
-                             self.timeouts, journal=self.wal.append)
+                             self.timeouts, journal=self.wal.append, timely=self.host.timely)
         self.peers: dict[int, Peer] = {}
         self.port = 0
         self.server: grpc.aio.Server | None = None
@@ -265,6 +289,8 @@ class VerifierNode:
         self._tasks.append(asyncio.create_task(self._ticker()))
         log.info("verifier %s (%s) serving on port %d at height %d", self.identity.node_id_hex[:12],
                  "validator %d" % self.me if self.me is not None else "observer", self.port, h)
+        if failpoints.armed():
+            log.warning("failpoints armed (test build of a crash): %s", failpoints.spec(failpoints.armed()))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -420,7 +446,7 @@ class VerifierNode:
             msg = decode_message(payload)
         except DecodeError as exc:
             return pb.Ack(ok=False, reason=f"malformed: {exc}"[:120])
-        if msg.height in (self.driver.height, self.driver.height + 1):
+        if self.driver.admits(msg):  # only what changes the driver: no log growth from forgeries
             self.wal.append(msg)
         self._perform(self.driver.on_message(msg))
         return pb.Ack(ok=True)
@@ -591,6 +617,8 @@ class VerifierNode:
             "heights_per_s_10s": round(sum(1 for _, t, _ in self.commit_log if now - t <= 10.0) / 10.0, 2),
             "mempool": len(self.mempool), "last_commit_time_ms": self.last_commit_time_ms,
             "halted": self._halted, "evidence_pending": len(self.driver.pending_evidence),
+            "untimely_proposals": self.host.untimely,
+            "next_height_buffered": dict(zip(("messages", "bytes"), self.driver.buffered_future())),
             "signatures": self.privval.signed_count, "wal_syncs": self.wal.syncs,
             "epochs": self.epochs.status() if self.epochs is not None else None,
         }

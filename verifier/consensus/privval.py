@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from gentorrent import failpoints
 from gentorrent.crypto.keys import Identity
 from verifier.consensus.driver import DoubleSignError
 from verifier.consensus.types import Step
@@ -55,8 +56,12 @@ class PrivValidator:
             raise DoubleSignError(f"step {hrs} was already signed with other content")
         if self.before_sign:
             self.before_sign()
+        failpoints.hit("verifier.before_sign")
         signature = self.identity.sign(sign_bytes)
         self._persist(hrs, sign_bytes, signature)
+        failpoints.hit("verifier.after_sign")
+        if step is Step.PROPOSE:
+            failpoints.hit("verifier.after_sign_proposal")
         self.last, self.last_bytes, self.last_signature = hrs, sign_bytes, signature
         self.signed_count += 1
         return signature

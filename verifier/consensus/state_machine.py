@@ -6,6 +6,12 @@ and with their validity decided), votes (already authenticated) and timeouts; ou
 requests to propose, votes to cast, timeouts to schedule and the decision. It never signs,
 sends or sleeps; the driver does that around it.
 
+Timeliness (CometBFT's proposer-based timestamps): a *new* proposal (no POL round) is
+prevoted only if it is timely, i.e. its time is not too far ahead of this node's clock, as
+the driver judged on receipt. Only line 22 asks: a re-proposal with a polka (line 28), the
+locking rule and the decision use valid(v) alone, so a node with a slow clock still locks,
+precommits and decides what the others agreed on.
+
 One deliberate, safe relaxation: the decision rule (line 49) accepts the block with the
 committed hash from a proposal of *any* round, not only the round of the precommits, so a
 node that saw the block in round 0 decides on a commit from round 1 without the round-1
@@ -76,6 +82,7 @@ class HeightStateMachine:
         self.decision: Decision | None = None
         self.votes = VoteKeeper(validators, height)
         self.proposals: dict[int, Proposal] = {}  # the proposer's first proposal per round
+        self.untimely: set[int] = set()  # rounds whose proposal was too far in the future
         self.blocks: dict[bytes, tuple[Block, bool]] = {}  # hash -> (block, valid)
         self._prevote_timeout: set[int] = set()  # line 34 "for the first time"
         self._precommit_timeout: set[int] = set()  # line 47
@@ -90,13 +97,16 @@ class HeightStateMachine:
         self._evaluate(out)
         return out
 
-    def on_proposal(self, proposal: Proposal, valid: bool) -> list[Output]:
-        """An authenticated proposal from proposer(h, r); `valid` is valid(v) of the paper."""
+    def on_proposal(self, proposal: Proposal, valid: bool, timely: bool = True) -> list[Output]:
+        """An authenticated proposal from proposer(h, r); `valid` is valid(v) of the paper,
+        `timely` whether its time was within the clock-drift bound when it arrived."""
         if proposal.height != self.height or self.decision:
             return []
         if proposal.round in self.proposals:
             return []  # a second proposal for a round is ignored (the first one counts)
         self.proposals[proposal.round] = proposal
+        if not timely:
+            self.untimely.add(proposal.round)
         block_hash = proposal.block.hash()
         if block_hash not in self.blocks:
             self.blocks[block_hash] = (proposal.block, valid)
@@ -189,7 +199,8 @@ class HeightStateMachine:
         if self.step is not Step.PROPOSE or cur is None or cur[0].pol_round != -1:
             return False
         _, block, valid = cur
-        ok = valid and (self.locked_round == -1 or self._same(self.locked_value, block))
+        timely = self.round not in self.untimely
+        ok = valid and timely and (self.locked_round == -1 or self._same(self.locked_value, block))
         self._vote(VoteType.PREVOTE, block.hash() if ok else NIL, out)
         self.step = Step.PREVOTE
         return True

@@ -17,7 +17,8 @@ of each phase, once, by submitting signed epoch transactions to its own node:
 
 Everything it decides on comes from committed state, so a restarted runner simply picks up where
 the chain is. Transactions it may have sent twice are refused by the app and ignored here.
-`LeaderFaults` makes a leader misbehave on purpose (tests of faulty-leader detection only).
+`LeaderFaults` makes a leader misbehave on purpose (drop, alter or forge replies; tests of
+faulty-leader detection only).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
@@ -45,7 +47,8 @@ from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EpochRunner", "LeaderFaults", "Prober", "Reference", "ProbeAnswer", "ProbeFailed"]
+__all__ = ["EpochRunner", "LeaderFaults", "Prober", "Reference", "ProbeAnswer", "ProbeFailed", "FORGED_TOKENS",
+           "forged_receipt"]
 
 
 class ProbeFailed(RuntimeError):
@@ -71,10 +74,26 @@ class Reference(Protocol):
 @dataclass
 class LeaderFaults:
     """Deliberate leader misbehaviour, for tests: node ids (hex) whose reply is dropped
-    (reported missing) or altered (a token changed after the node signed)."""
+    (reported missing), altered (a token changed after the node signed) or forged (never asked:
+    the leader posts text of its own with a well-formed receipt that names the node but carries
+    the leader's signature, as a leader framing an honest node or vouching for a cheat would)."""
 
     drop: set[str] = field(default_factory=set)
     alter: set[str] = field(default_factory=set)
+    forge: set[str] = field(default_factory=set)
+
+
+FORGED_TOKENS = tuple(b"a reply the leader wrote itself")  # token ids of the forged text
+
+
+def forged_receipt(leader: Identity, node_id: bytes, request: pb.GenerateRequest,
+                   token_ids: list[int]) -> pb.ReplyReceipt:
+    """A receipt covering exactly `request` and `token_ids` and naming `node_id`, signed by the
+    leader: everything a receipt check compares matches except the signature."""
+    receipt = receipts.make_receipt(leader, request.model, request, token_ids, int(time.time() * 1000))
+    receipt.node_id = node_id
+    receipt.signature = leader.sign(receipts.signed_message(receipt))
+    return receipt
 
 
 @dataclass
@@ -312,6 +331,10 @@ class EpochRunner:
         if reveal.node_id in self.faults.drop:
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
         request = challenge_request(reveal.prompt, model, self.params)
+        if reveal.node_id in self.faults.forge:
+            tokens = list(FORGED_TOKENS)
+            return pb.ProbeReply(node_id=node, token_ids=tokens,
+                                 receipt=forged_receipt(self.host.identity, node, request, tokens))
         try:
             answer = await self._ask(request, reveal.node_id)
         except ProbeFailed as exc:
@@ -324,6 +347,8 @@ class EpochRunner:
     async def _ask(self, request: pb.GenerateRequest, node_id: str) -> ProbeAnswer:
         if self.prober is None:
             raise ProbeFailed("this member has no overlay prober")
+        # independent of every other challenge, unpredictable (OS CSPRNG): see challenge_spread_s
+        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.challenge_spread_s))
         try:
             answer = await asyncio.wait_for(self.prober.ask(request, node_id), self.params.probe_timeout_s)
         except asyncio.TimeoutError:

@@ -10,7 +10,14 @@ One module per role: `verifiers`, `relays`, `models`. Every public scenario is r
 here, so bench/reliability.py finds it by name.
 """
 
+from gentorrent.testing.scenarios.models import MODEL_MODES, model_faults
 from gentorrent.testing.scenarios.relays import RELAY_CLOVES_K, RELAY_CLOVES_N, RELAY_MODES, relay_faults
-from gentorrent.testing.scenarios.verifiers import verifier_byzantine, verifier_kills, verifier_partitions
+from gentorrent.testing.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_PROCESS_MODES, RELAY_PROCESSES,
+                                                 relay_process_faults, scenario_params)
+from gentorrent.testing.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verifier_byzantine,
+                                                    verifier_clock_skew, verifier_crash_points, verifier_kills,
+                                                    verifier_partitions)
 
-__all__ = ["RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "relay_faults", "verifier_byzantine", "verifier_kills", "verifier_partitions"]
+__all__ = ["MODEL_MODES", "model_faults", "CRASH_POINTS", "QUICK_CRASH_POINTS", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES", "RELAY_PROCESSES", "LINK_DELAY_S", "LINK_PHASES",
+           "relay_faults", "relay_process_faults", "scenario_params", "verifier_byzantine",
+           "verifier_clock_skew", "verifier_crash_points", "verifier_kills", "verifier_partitions"]
