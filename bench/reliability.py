@@ -175,6 +175,11 @@ def _model(mode: str, what: str) -> Scenario:
                     shared("model_faults", mode=mode))
 
 
+def _epoch(mode: str, what: str) -> Scenario:
+    return Scenario(f"epoch-{mode}", f"{what}; 4 verifier nodes, scripted model replies and reference scores",
+                    shared("epoch_faults", mode=mode))
+
+
 #: THE registry: every scenario the table reports, in this order (see the module docstring).
 SCENARIOS: list[Scenario] = [
     Scenario("link-blackhole", "gRPC/TLS link blackholed, then healed (fault proxy)", link_blackhole),
@@ -205,6 +210,11 @@ SCENARIOS: list[Scenario] = [
     _model("garbage", "model node replies with undecodable messages in valid cloves"),
     _model("bad-signature", "model node replies right, receipt signature broken"),
     _model("refuse", "model node refuses every query as busy"),
+    _epoch("leader-drop", "every leader reports the honest node's reply missing"),
+    _epoch("leader-alter", "every leader changes a token of the honest node's reply"),
+    _epoch("leader-forge", "every leader posts a reply of its own under the honest node's name"),
+    _epoch("node-down", "a model node stops answering challenges"),
+    _epoch("node-cheat", "a model node answers with implausible tokens"),
 ]
 
 

@@ -6,18 +6,24 @@ forks, recover_s, note, extra); the tests assert on that dict, the bench prints 
 Every scenario builds its own real processes/servers under `root` on 127.0.0.1 and tears
 them down; `seed` fixes every random choice (which node dies when), so a failure replays.
 
-One module per role: `verifiers`, `relays`, `models`. Every public scenario is re-exported
-here, so bench/reliability.py finds it by name.
+One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement).
+Every public scenario is re-exported here, so bench/reliability.py finds it by name.
 """
 
+from gentorrent.testing.scenarios.epochs import EPOCH_MODES, epoch_faults
 from gentorrent.testing.scenarios.models import MODEL_MODES, model_faults
-from gentorrent.testing.scenarios.relays import RELAY_CLOVES_K, RELAY_CLOVES_N, RELAY_MODES, relay_faults
-from gentorrent.testing.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_PROCESS_MODES, RELAY_PROCESSES,
+from gentorrent.testing.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_CLOVES_K, RELAY_CLOVES_N,
+                                                 RELAY_MODES, RELAY_PROCESS_MODES, RELAY_PROCESSES, relay_faults,
                                                  relay_process_faults, scenario_params)
 from gentorrent.testing.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verifier_byzantine,
                                                     verifier_clock_skew, verifier_crash_points, verifier_kills,
                                                     verifier_partitions)
 
-__all__ = ["MODEL_MODES", "model_faults", "CRASH_POINTS", "QUICK_CRASH_POINTS", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES", "RELAY_PROCESSES", "LINK_DELAY_S", "LINK_PHASES",
-           "relay_faults", "relay_process_faults", "scenario_params", "verifier_byzantine",
-           "verifier_clock_skew", "verifier_crash_points", "verifier_kills", "verifier_partitions"]
+__all__ = [
+    "EPOCH_MODES", "epoch_faults",
+    "MODEL_MODES", "model_faults",
+    "LINK_DELAY_S", "LINK_PHASES", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES",
+    "RELAY_PROCESSES", "relay_faults", "relay_process_faults", "scenario_params",
+    "CRASH_POINTS", "QUICK_CRASH_POINTS", "verifier_byzantine", "verifier_clock_skew", "verifier_crash_points",
+    "verifier_kills", "verifier_partitions",
+]
