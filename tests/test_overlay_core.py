@@ -102,8 +102,9 @@ def test_clove_seals_carry_the_group_but_share_no_bytes():
     model = OnionKey.generate()
     group = b"g" * 16
     cloves = sida.split(b"q" * 700, 4, 3)
-    envelopes = [sealing.seal_clove(model.public_key, group, c) for c in cloves]
-    assert [sealing.open_clove(model.private_key, e) for e in envelopes] == [(group, c) for c in cloves]
+    tokens = [bytes([i]) * sealing.TOKEN_BYTES for i in range(len(cloves))]
+    envelopes = [sealing.seal_clove(model.public_key, group, c, t) for c, t in zip(cloves, tokens)]
+    assert [sealing.open_clove(model.private_key, e) for e in envelopes] == [(group, c, t) for c, t in zip(cloves, tokens)]
     for i in range(4):
         for j in range(i + 1, 4):
             assert _longest_common(envelopes[i], envelopes[j]) <= 8
@@ -205,23 +206,29 @@ async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query():
                             routes=[pb.ReplyRoute(proxy_address=f"127.0.0.1:{i}", link_id=b"l" * 16)
                                     for i in range(4)])
     cloves = sida.split(sealing.seal_query(model.public_key, query), 4, 3)
-    envelopes = [sealing.seal_clove(model.public_key, b"g" * 16, c) for c in cloves]
+    tokens = [bytes([0xA0 + i]) * sealing.TOKEN_BYTES for i in range(4)]
+    envelopes = [sealing.seal_clove(model.public_key, b"g" * 16, c, t) for c, t in zip(cloves, tokens)]
     acks = [await intake.submit(pb.CloveEnvelope(payload=e)) for e in envelopes[:2]]
     assert all(a.ok for a in acks)
     replay = await intake.submit(pb.CloveEnvelope(payload=envelopes[1]))
     assert (replay.ok, replay.reason) == (False, "replay")
-    assert (await intake.submit(pb.CloveEnvelope(payload=envelopes[2]))).ok  # k-th clove: decoded
+    decoded = await intake.submit(pb.CloveEnvelope(payload=envelopes[2]))
+    assert decoded.ok  # k-th clove: decoded
     late = await intake.submit(pb.CloveEnvelope(payload=envelopes[3]))
     assert (late.ok, late.reason) == (True, "late")  # not the proxy's fault
+    # every clove that opened is acknowledged with its own delivery token, whatever its fate
+    assert [a.delivery_token for a in (*acks, replay, decoded, late)] == [tokens[0], tokens[1], tokens[1],
+                                                                         tokens[2], tokens[3]]
     other = OnionKey.generate()
-    wrong_key = await intake.submit(pb.CloveEnvelope(payload=sealing.seal_clove(other.public_key, b"h" * 16, b"x")))
-    assert wrong_key.reason == "bad_seal"
+    wrong_key = await intake.submit(pb.CloveEnvelope(payload=sealing.seal_clove(other.public_key, b"h" * 16, b"x",
+                                                                                 tokens[0])))
+    assert wrong_key.reason == "bad_seal" and wrong_key.delivery_token == b""  # never opened: no proof
     # k cloves that decode to something that is not a query
     junk = [sealing.seal_clove(model.public_key, b"j" * 16, c) for c in sida.split(b"not a query", 4, 3)]
     results = [await intake.submit(pb.CloveEnvelope(payload=e)) for e in junk[:3]]
     assert results[-1].reason == "bad_query"
     huge = await intake.submit(pb.CloveEnvelope(payload=bytes(3 * 1024 * 1024)))
-    assert huge.reason == "oversize"
+    assert huge.reason == "oversize" and huge.delivery_token == b""
     for _ in range(5):
         await asyncio.sleep(0)  # let the serving task run
     await intake.close()

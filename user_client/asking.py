@@ -23,6 +23,7 @@ on the wire.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import random
 import secrets
@@ -324,11 +325,12 @@ class Asker:
             sealed = sealing.seal_query(node.onion_key, query)
             cloves = sida.split(sealed, len(paths), k)
             group = secrets.token_bytes(sealing.GROUP_BYTES)
-            envelopes = [sealing.seal_clove(node.onion_key, group, c) for c in cloves]
+            tokens = [secrets.token_bytes(sealing.TOKEN_BYTES) for _ in cloves]
+            envelopes = [sealing.seal_clove(node.onion_key, group, c, t) for c, t in zip(cloves, tokens)]
             timings["seal_split_ms"] = (self.clock() - t0) * 1000
             t1 = self.clock()
             tried = list(paths)  # grows as spare paths replace failing ones
-            sent = await asyncio.gather(*(self._send(node, p, e, tried) for p, e in zip(paths, envelopes)))
+            sent = await asyncio.gather(*(self._send(node, p, e, t, tried) for p, e, t in zip(paths, envelopes, tokens)))
             timings["send_ms"] = (self.clock() - t1) * 1000
             delivered = sum(ok for ok, _ in sent)
             failed = [p for _, bad in sent for p in bad]
@@ -373,10 +375,12 @@ class Asker:
         self._suspect_paths |= ids
         return True
 
-    async def _send(self, node: ModelRecord, path: ProxyPath, envelope: bytes, in_use: list[ProxyPath]
-                    ) -> tuple[bool, list[ProxyPath]]:
+    async def _send(self, node: ModelRecord, path: ProxyPath, envelope: bytes, token: bytes,
+                    in_use: list[ProxyPath]) -> tuple[bool, list[ProxyPath]]:
         """Send one clove, once more over a spare path if that fails; whether it was delivered,
-        and the paths that failed (the caller decides whether they or the node are to blame)."""
+        and the paths that failed (the caller decides whether they or the node are to blame).
+        Delivered means the model node's Ack came back with the clove's delivery token: an ok
+        without it is a relay that lost the clove and said otherwise."""
         instruction = pb.ProxyInstruction(destination=node.address, payload=envelope).SerializeToString()
         failed: list[ProxyPath] = []
         for _ in range(2):
@@ -392,8 +396,12 @@ class Asker:
                     ack = await stub.Forward(pb.CloveEnvelope(link_id=path.first_link, payload=blob),
                                              timeout=self.params.forward_timeout_s)
                     if ack.ok or ack.reason == DropReason.BUSY.value:
-                        return True, failed  # delivered; a busy node says so on the reply routes
-                    log.info("path %d refused a clove: %s", path.path_id, ack.reason)
+                        if hmac.compare_digest(ack.delivery_token, token):
+                            return True, failed  # delivered; a busy node says so on the reply routes
+                        self.drops.count(DropReason.UNPROVEN_DELIVERY)
+                        log.info("path %d acknowledged a clove the model node never saw", path.path_id)
+                    else:
+                        log.info("path %d refused a clove: %s", path.path_id, ack.reason)
                 except grpc.aio.AioRpcError as exc:
                     log.info("path %d failed a send: %s", path.path_id, exc.code())
             failed.append(path)

@@ -77,29 +77,34 @@ class CloveIntake:
     # ------------------------------------------------------------------ cloves in
 
     async def submit(self, envelope: pb.CloveEnvelope) -> pb.Ack:
-        """Take one sealed clove from a proxy. Never raises: refusals are counted Acks."""
+        """Take one sealed clove from a proxy. Never raises: refusals are counted Acks. Every
+        clove that opened is acknowledged with its delivery token, whatever its fate after."""
+        token = b""
         try:
-            query = self._accept(envelope.payload)
+            group, clove, token = self._open(envelope.payload)
+            query = self._accept(group, clove)
         except Drop as drop:
             self.drops.count(drop.reason)
             # a clove arriving after its message decoded is normal (k of n suffice): the
             # path that carried it is fine and must not be reported as failing
-            return pb.Ack(ok=drop.reason is DropReason.LATE, reason=drop.reason.value)
+            return pb.Ack(ok=drop.reason is DropReason.LATE, reason=drop.reason.value, delivery_token=token)
         if query is not None:
             self._spawn(self._serve(query))
-        return pb.Ack(ok=True)
+        return pb.Ack(ok=True, delivery_token=token)
 
     async def SubmitClove(self, request: pb.CloveEnvelope, context) -> pb.Ack:
         """Same as `submit`, shaped as a gRPC handler (for servicers that delegate by name)."""
         return await self.submit(request)
 
-    def _accept(self, payload: bytes) -> pb.OverlayQuery | None:
+    def _open(self, payload: bytes) -> tuple[bytes, bytes, bytes]:
         if len(payload) > MAX_BLOB_BYTES:
             raise Drop(DropReason.OVERSIZE)
         try:
-            group, clove = sealing.open_clove(self.onion_key.private_key, payload)
+            return sealing.open_clove(self.onion_key.private_key, payload)
         except sealing.SealError as exc:
             raise Drop(DropReason.BAD_SEAL) from exc
+
+    def _accept(self, group: bytes, clove: bytes) -> pb.OverlayQuery | None:
         now = self.clock()
         self.groups.expire(now)
         message = self.groups.add(group, clove, now)

@@ -46,6 +46,7 @@ class DropReason(str, Enum):
     BUSY = "busy"
     EXPIRED = "expired"
     NO_ANSWER = "no_answer"
+    UNPROVEN_DELIVERY = "unproven_delivery"  # an ok Ack without the model node's delivery token
 
 
 class Drop(ValueError):

@@ -8,7 +8,10 @@ Query (user -> model node)::
 The query is sealed before it is split (k colluding proxies still learn nothing), and each
 clove is sealed again with its own ephemeral key, together with a random *group* value. That
 second seal is what lets the model node group the cloves of one query although no field is
-shared by them on the wire: the group value only exists inside the per-clove seals.
+shared by them on the wire: the group value only exists inside the per-clove seals. The seal
+also holds a random *delivery token* per clove, which the model node echoes in its Ack: a
+relay that drops a clove and acknowledges it anyway cannot forge that, so the user learns which
+path silently loses cloves (k of n would still arrive, and nothing else would show it).
 
 Reply (model node -> user), per chunk `seq`::
 
@@ -44,6 +47,7 @@ Rng = Callable[[int], bytes]
 KEY_BYTES = 32
 GROUP_BYTES = 16
 TAG_BYTES = 16
+TOKEN_BYTES = 16  # a query clove's delivery token
 _NONCE0 = bytes(12)
 _RAW = serialization.Encoding.Raw
 _RAW_PUB = serialization.PublicFormat.Raw
@@ -145,17 +149,19 @@ def open_query(private: X25519PrivateKey, sealed: bytes, max_routes: int = OVERL
     return query
 
 
-def seal_clove(model_onion_key: X25519PublicKey | bytes, group: bytes, clove: bytes, rng: Rng | None = None) -> bytes:
-    inner = pb.QueryClove(group=group, clove=clove).SerializeToString()
+def seal_clove(model_onion_key: X25519PublicKey | bytes, group: bytes, clove: bytes, token: bytes = b"",
+               rng: Rng | None = None) -> bytes:
+    """One query clove sealed to the model node, with the delivery token it will echo back."""
+    inner = pb.QueryClove(group=group, clove=clove, delivery_token=token).SerializeToString()
     return seal_to(model_onion_key, pad(inner), CLOVE_LABEL, rng)
 
 
-def open_clove(private: X25519PrivateKey, envelope: bytes) -> tuple[bytes, bytes]:
-    """(group, clove) of a sealed query clove."""
+def open_clove(private: X25519PrivateKey, envelope: bytes) -> tuple[bytes, bytes, bytes]:
+    """(group, clove, delivery token) of a sealed query clove."""
     inner = _parse(pb.QueryClove, unpad(open_sealed(private, envelope, CLOVE_LABEL)))
-    if len(inner.group) != GROUP_BYTES or not inner.clove:
+    if len(inner.group) != GROUP_BYTES or not inner.clove or len(inner.delivery_token) not in (0, TOKEN_BYTES):
         raise SealError("malformed query clove")
-    return inner.group, inner.clove
+    return inner.group, inner.clove, inner.delivery_token
 
 
 # --------------------------------------------------------------------------- reply

@@ -135,7 +135,8 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
         dead = set(victims) if mode == "kill" else set()
         repaired = len(pool) >= cloves.n and not any(set(p.relays) & dead for p in pool)
         # paths through a faulty relay now: a rebuilt path may pick it again (small network)
-        # until it is suspected twice; a silent drop is never noticed (see the report)
+        # until it is suspected twice (a silent drop shows as an ok without the model node's
+        # delivery token: the path is failed like any other)
         still_faulty = sum(1 for p in pool if set(p.relays) & set(victims))
         rebuilt = me.paths.built - built_before
         relay_drops = _sum_drops([n.relay.status()["drops"] for n in nodes if n is not me])
