@@ -29,6 +29,11 @@ COMMON_SECTIONS: dict[str, type] = {
     "model_node": cfg.ModelNodeParams,
 }
 
+#: a node home's configuration file (optional: every section has the paper's defaults)
+CONFIG_FILE = "config.toml"
+#: what user nodes read (and the stand-in model node, which must decode with its askers' k)
+USER_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "overlay": cfg.OverlayParams}
+
 MAX_CONFIG_BYTES = 256 * 1024
 
 
@@ -50,6 +55,12 @@ def load(path: Path, schema: Mapping[str, type] = COMMON_SECTIONS) -> dict[str, 
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     return parse(doc, schema, str(path))
+
+
+def load_home(home: Path, schema: Mapping[str, type] = COMMON_SECTIONS) -> dict[str, Any]:
+    """A node home's CONFIG_FILE against `schema`; every section at its defaults when absent."""
+    path = Path(home) / CONFIG_FILE
+    return load(path, schema) if path.exists() else parse({}, schema)
 
 
 def parse(doc: Mapping[str, Any], schema: Mapping[str, type], source: str = "config") -> dict[str, Any]:

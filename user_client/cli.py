@@ -64,15 +64,10 @@ def _directory(args):
 def _load_config(home: Path) -> dict:
     """HOME/config.toml (optional; issue 8): [cloves] and [overlay] tune this node, and a typo
     in any section or key stops it at start with an error naming the key."""
-    from gentorrent import config as cfg
     from gentorrent import settings
 
-    schema = {**settings.COMMON_SECTIONS, "overlay": cfg.OverlayParams}
-    path = home / "config.toml"
-    if not path.exists():
-        return settings.parse({}, schema)
     try:
-        return settings.load(path, schema)
+        return settings.load_home(home, settings.USER_SECTIONS)
     except settings.ConfigError as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
 

@@ -136,14 +136,11 @@ class EchoModelNode(rpc.ModelNodeServicer):
 
 
 def home_config(home: Path) -> dict:
-    """{"cloves", "params"} from HOME/config.toml's [cloves] and [overlay], checked as gt-user
-    checks its own (defaults without a file): the node must decode with its askers' k."""
+    """{"cloves", "params"} from the home's [cloves] and [overlay], read as gt-user reads its
+    own: the node must decode with its askers' k."""
     from gentorrent import settings
 
-    path = Path(home) / "config.toml"
-    if not path.exists():
-        return {"cloves": CLOVES, "params": OVERLAY}
-    conf = settings.load(path, {**settings.COMMON_SECTIONS, "overlay": OverlayParams})
+    conf = settings.load_home(home, settings.USER_SECTIONS)
     return {"cloves": conf["cloves"], "params": conf["overlay"]}
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 
 STATE_FILE = "node.json"
-CONFIG_FILE = "config.toml"
 log = logging.getLogger("gt-model")
 
 
@@ -108,12 +107,9 @@ def _models() -> int:
 
 
 def _load_params(home: Path) -> ModelNodeParams:
-    path = home / CONFIG_FILE
-    if not path.exists():
-        return MODEL_NODE
     from gentorrent import settings
 
-    return settings.load(path).get("model_node", MODEL_NODE)
+    return settings.load_home(home)["model_node"]
 
 
 def _serve(args) -> int:

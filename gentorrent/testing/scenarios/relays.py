@@ -21,6 +21,8 @@ import random
 import time
 from pathlib import Path
 
+from gentorrent import settings
+
 RELAY_CLOVES_N, RELAY_CLOVES_K = 4, 2
 RELAY_MODES = ("kill", "hang", "drop", "corrupt", "replay")
 _ROOT = Path(__file__).resolve().parents[3]  # the repository: cwd of spawned processes
@@ -176,20 +178,6 @@ def scenario_params():
     return cloves, params
 
 
-def config_toml(*sections: tuple[str, object]) -> str:
-    """A node home's config.toml holding the fields of each (section, dataclass) that differ
-    from the defaults (gentorrent.settings checks it when the node starts)."""
-    import dataclasses
-
-    lines = []
-    for name, value in sections:
-        default = type(value)()
-        lines.append(f"[{name}]")
-        lines += [f"{f.name} = {getattr(value, f.name)!r}" for f in dataclasses.fields(value)
-                  if getattr(value, f.name) != getattr(default, f.name)]
-    return "\n".join(lines) + "\n"
-
-
 class RelayFleet:
     """Real `gt-user start` relay processes and the real echo model process on 127.0.0.1,
     sharing one static directory, run through gentorrent.supervisor as bench/load.py does.
@@ -212,14 +200,16 @@ class RelayFleet:
         self.proxies: dict[str, object] = {}  # relay address -> its FaultProxy
         self.names: dict[str, str] = {}  # relay address (as registered) -> process name
         self._proxy_by_name: dict[str, object] = {}  # every proxy started, even if start() fails later
+        # every process (the model too: it splits and decodes with our k) reads these from its home
+        self._config = settings.render({"cloves": cloves, "overlay": params})
 
     async def start(self) -> "RelayFleet":
         from gentorrent.supervisor import free_port_block, python_module, wait_until
         from gentorrent.testing.faultproxy import FaultProxy
 
         env = {"PYTHONUNBUFFERED": "1"}
-        self.model_home.mkdir(parents=True, exist_ok=True)  # it splits and decodes with our k
-        (self.model_home / "config.toml").write_text(config_toml(("cloves", self.cloves), ("overlay", self.params)))
+        self.model_home.mkdir(parents=True, exist_ok=True)
+        (self.model_home / settings.CONFIG_FILE).write_text(self._config)
         model = self.sup.spawn("model", python_module(
             "user_client.localnet", "echo-model", "--home", str(self.model_home), "--directory", str(self.directory)),
             env=env, cwd=_ROOT)
@@ -228,7 +218,7 @@ class RelayFleet:
         by_name = self._proxy_by_name
         for i, home in enumerate(self.homes):
             home.mkdir(parents=True, exist_ok=True)
-            (home / "config.toml").write_text(config_toml(("cloves", self.cloves), ("overlay", self.params)))
+            (home / settings.CONFIG_FILE).write_text(self._config)
             args = ["--log-level", "INFO", "start", "--home", str(home), "--directory", str(self.directory)]
             if self.proxied:
                 port = free_port_block(1)
