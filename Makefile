@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml deploy/install_engine.sh deploy/install_system.sh
 	@touch $(STAMP)
 
 demo: setup
-	$(BIN)/python -m gentorrent.demo
+	$(BIN)/python -m devnet.demo
 
 # pytest exits 5 when it collects no test: that is a failure here, never a green run.
 test: setup

@@ -18,7 +18,7 @@ import numpy as np
 
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
-from verifier.abci import txs
+from gentorrent.ledger import txs
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo
 

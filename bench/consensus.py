@@ -36,10 +36,10 @@ from gentorrent.crypto.keys import Identity, OnionKey  # noqa: E402
 from gentorrent.crypto.tls import connect, make_self_signed  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
-from gentorrent.testing.committee import free_base_port  # noqa: E402
-from verifier.abci import txs as txlib  # noqa: E402
-from verifier.consensus.types import Block, sha256  # noqa: E402
-from verifier.genesis import Genesis  # noqa: E402
+from testkit.committee import free_base_port  # noqa: E402
+from gentorrent.ledger import txs as txlib  # noqa: E402
+from gentorrent.ledger.chain import Block, sha256  # noqa: E402
+from gentorrent.ledger.genesis import Genesis  # noqa: E402
 
 
 

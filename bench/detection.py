@@ -62,7 +62,7 @@ class Served:
         self.home = Path(tempfile.mkdtemp(prefix=f"gt-detect-{kind or 'honest'}-"))
         extra = ["--dishonest", kind] if kind else []
         self.log = open(self.home / "serve.out", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gentorrent.model_node.cli", "serve", "--model", MODEL,
+        self.proc = subprocess.Popen([sys.executable, "-m", "model_node.cli", "serve", "--model", MODEL,
                                       "--home", str(self.home), "--listen", "127.0.0.1:0", *extra],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 

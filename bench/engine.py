@@ -60,9 +60,9 @@ async def _ttft_and_decode(engine, prompt, sampling) -> tuple[float, float, int]
 
 
 async def run(model_name: str, trials: int) -> dict:
-    from gentorrent.model_node import catalogue
-    from gentorrent.model_node.engine import Engine
-    from gentorrent.model_node.inputs import Prompt, Sampling
+    from model_node import catalogue
+    from model_node.engine import Engine
+    from gentorrent.generation import Prompt, Sampling
 
     rng = random.Random(1234)
     model = catalogue.resolve(model_name)

@@ -2,7 +2,7 @@
 
 Starts 12 relays (`gt-user start`, one process each), one model node process, and an asking
 user node in this process, all on 127.0.0.1 over pinned TLS. The model node is the echo
-stand-in (user_client.localnet: the real clove intake, keys and receipts; an engine that
+stand-in (testkit.localnet: the real clove intake, keys and receipts; an engine that
 answers instantly), so the difference between the two latencies is the overlay's own cost:
 sealing, S-IDA, 4 hops each way per clove, reassembly, receipt check. Each pair of
 measurements (overlay, direct) uses the same prompt; their order alternates.
@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 from gentorrent.config import CloveParams  # noqa: E402
 from gentorrent.crypto import tls  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
-from user_client.directory import StaticDirectory  # noqa: E402
-from user_client.node import UserNode, make_request  # noqa: E402
+from gentorrent.ledger.directory import StaticDirectory  # noqa: E402
+from gentorrent.generation import make_request  # noqa: E402
+from user_client.node import UserNode  # noqa: E402
 
 RELAYS = 12
 
@@ -53,7 +54,7 @@ async def run(asks: int, png: str | None, raw: str | None = None) -> dict:
     directory_path = work / "directory.json"
     procs = []
     try:
-        model = _spawn(["-m", "user_client.localnet", "echo-model", "--home", str(work / "model"),
+        model = _spawn(["-m", "testkit.localnet", "echo-model", "--home", str(work / "model"),
                         "--directory", str(directory_path)], work / "model.log")
         procs.append(model)
         model_info = json.loads(model.stdout.readline())

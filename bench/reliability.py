@@ -10,8 +10,8 @@ The scenario registry
 `SCENARIOS` below is the one explicit list of what runs, in order. A scenario is a
 `Scenario(name, fault, run)`: `fault` says in words what is injected (a table column), and
 `run` is an `async def run(ctx: Context) -> Outcome` that builds its own real processes or
-servers on 127.0.0.1, injects the fault (gentorrent.testing.faultproxy, kill -9 through
-gentorrent.supervisor, ...), drives load, tears everything down, and reports what it saw in
+servers on 127.0.0.1, injects the fault (testkit.faultproxy, kill -9 through
+devnet.supervisor, ...), drives load, tears everything down, and reports what it saw in
 an `Outcome`. To add one: write the coroutine (in this file or imported from where its parts
 live) and append a `Scenario` to `SCENARIOS`. Keep `ctx.quick` runs under ~10 s each.
 
@@ -91,7 +91,7 @@ async def link_blackhole(ctx: Context) -> Outcome:
 
     from gentorrent.crypto import tls
     from gentorrent.crypto.keys import Identity
-    from gentorrent.testing.faultproxy import FaultProxy
+    from testkit.faultproxy import FaultProxy
     from gentorrent.wire import gentorrent_pb2 as pb
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
@@ -152,12 +152,12 @@ async def link_blackhole(ctx: Context) -> Outcome:
 
 
 def shared(name: str, **kwargs) -> Callable[[Context], Awaitable[Outcome]]:
-    """A scenario of gentorrent.testing.scenarios (the same code the tests/test_faults_*.py
+    """A scenario of testkit.scenarios (the same code the tests/test_faults_*.py
     assert on), run in a fresh temporary directory; its dict becomes the Outcome."""
     async def run(ctx: Context) -> Outcome:
         import tempfile
 
-        from gentorrent.testing import scenarios
+        from testkit import scenarios
 
         with tempfile.TemporaryDirectory(prefix=f"gt-rel-{name}-") as tmp:
             out = await getattr(scenarios, name)(Path(tmp), seed=ctx.seed, quick=ctx.quick, **kwargs)

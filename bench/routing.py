@@ -38,10 +38,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gentorrent.crypto import tls  # noqa: E402
 from gentorrent.crypto.keys import NodeKeys  # noqa: E402
-from gentorrent.supervisor import Supervisor, python_module, wait_until  # noqa: E402
+from devnet.supervisor import Supervisor, python_module, wait_until  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
-from user_client.directory import ModelRecord, StaticDirectory  # noqa: E402
+from gentorrent.ledger.directory import ModelRecord, StaticDirectory  # noqa: E402
 
 MODEL = "smollm2-135m"
 WORDS = ("river stone cloud market engine silver garden letter window thunder paper orange "
@@ -89,7 +89,7 @@ class Group:
             (home / "config.toml").write_text(f"[model_node]\nkv_cache_blocks = {self.kv_blocks}\n"
                                                f"max_model_len = {min(8192, (self.kv_blocks - 1) * 128)}\n")  # vLLM keeps 1 block
             self.sup.spawn(f"node{i}", python_module(
-                "gentorrent.model_node.cli", "serve", "--model", MODEL, "--home", str(home),
+                "model_node.cli", "serve", "--model", MODEL, "--home", str(home),
                 "--listen", "127.0.0.1:0", "--stop-with-parent", "--forwarding",
                 "--directory", str(directory), "--gossip-interval", str(self.gossip_interval)))
         for i, home in enumerate(homes):
@@ -102,7 +102,7 @@ class Group:
         registry = StaticDirectory(directory)
         for home, info in zip(homes, self.info):
             keys = NodeKeys.load_or_create(home)
-            registry.add_model(ModelRecord(info["node_id"], bytes.fromhex(info["public_key"]),
+            registry.add_model(ModelRecord(bytes.fromhex(info["node_id"]), bytes.fromhex(info["public_key"]),
                                            info["address"], MODEL, keys.onion.public_key,
                                            Path(info["cert_file"]).read_bytes(), capacity=info["capacity"]))
 

@@ -47,7 +47,7 @@ def _progress(msg: str) -> None:
 
 async def _sample_replies(engine, n: int, tokens: int):
     from gentorrent.config import EPOCH_RUN
-    from gentorrent.model_node.inputs import Prompt, Sampling
+    from gentorrent.generation import Prompt, Sampling
 
     out = []
     for i in range(n):
@@ -98,8 +98,8 @@ async def _token_by_token(engine, replies, top_k: int, batched: bool):
 
 async def main(args) -> dict:
     from gentorrent.config import SCORING
-    from gentorrent.model_node import catalogue
-    from gentorrent.model_node.engine import Engine
+    from model_node import catalogue
+    from model_node.engine import Engine
 
     engine = await Engine.start(catalogue.resolve(args.model))
     try:

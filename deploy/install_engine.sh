@@ -46,5 +46,5 @@ import vllm, torch, transformers
 print(f"[setup] vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 EOF
 echo "[setup] preparing the default model smollm2-135m (converted once, ~20 s)"
-HF_HUB_OFFLINE=1 "$PYTHON" -c "from gentorrent.model_node import catalogue as c; print('[setup] model folder:', c.resolve('smollm2-135m').path)" \
+HF_HUB_OFFLINE=1 "$PYTHON" -c "from model_node import catalogue as c; print('[setup] model folder:', c.resolve('smollm2-135m').path)" \
     2> >(grep -v "it/s\]" >&2) || echo "[setup] warning: conversion failed; gt-model serve will retry it"

@@ -1,7 +1,7 @@
 """Shared main() of the atheris harnesses: instrument the target's modules, run libFuzzer.
 
 Each fuzz/<target>.py calls `main(target, modules)`; the oracle (what counts as a bug) is
-gentorrent.testing.fuzzing.<target>.check, shared with the hypothesis tests. Any libFuzzer
+testkit.fuzzing.<target>.check, shared with the hypothesis tests. Any libFuzzer
 flag passes through (-max_total_time=600, -runs=N, -timeout=S, a corpus folder, a crash
 file to replay, ...). Crash files go to -artifact_prefix (default /tmp/gentorrent-fuzz/<target>/).
 """
@@ -24,8 +24,8 @@ def main(target: str, modules: list[str]) -> None:
 
     logging.disable(logging.CRITICAL)  # decoders log what they reject; millions of lines otherwise
 
-    with atheris.instrument_imports(include=modules + [f"gentorrent.testing.fuzzing.{target}"]):
-        from gentorrent.testing.fuzzing import filtered_check, oracle
+    with atheris.instrument_imports(include=modules + [f"testkit.fuzzing.{target}"]):
+        from testkit.fuzzing import filtered_check, oracle
 
         # GT_FUZZ_STRICT=1: stop on known open bugs too (to reproduce them)
         check = oracle(target).check if os.environ.get("GT_FUZZ_STRICT") else filtered_check(target)

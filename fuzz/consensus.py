@@ -2,10 +2,10 @@
 
     .venv/bin/python fuzz/consensus.py -max_total_time=600 [corpus_dir]
 
-The oracle is gentorrent/testing/fuzzing/consensus.py; see fuzz/README.md.
+The oracle is testkit/fuzzing/consensus.py; see fuzz/README.md.
 """
 
 from _harness import main
 
 if __name__ == "__main__":
-    main("consensus", ["verifier.consensus.types", "verifier.consensus.driver", "verifier.consensus.state_machine", "verifier.consensus.votes"])
+    main("consensus", ["gentorrent.ledger.chain", "verifier.consensus.driver", "verifier.consensus.state_machine", "verifier.consensus.votes"])

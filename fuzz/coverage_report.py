@@ -22,7 +22,7 @@ MODULES = {
     "settings": ["gentorrent.settings"],
     "abci_framing": ["verifier.abci.socket_server"],
     "hrtree": ["gentorrent.routing.hrtree"],
-    "consensus": ["verifier.consensus.types", "verifier.consensus.driver",
+    "consensus": ["gentorrent.ledger.chain", "verifier.consensus.driver",
                   "verifier.consensus.state_machine", "verifier.consensus.votes"],
 }
 
@@ -32,7 +32,7 @@ def main() -> None:
 
     logging.disable(logging.CRITICAL)
     target, corpus = sys.argv[1], Path(sys.argv[2])
-    from gentorrent.testing.fuzzing import filtered_check
+    from testkit.fuzzing import filtered_check
 
     files = sorted(p for p in corpus.iterdir() if p.is_file())
     tracer = trace.Trace(count=1, trace=0)

@@ -2,7 +2,7 @@
 
     .venv/bin/python fuzz/hrtree.py -max_total_time=600 [corpus_dir]
 
-The oracle is gentorrent/testing/fuzzing/hrtree.py; see fuzz/README.md.
+The oracle is testkit/fuzzing/hrtree.py; see fuzz/README.md.
 """
 
 from _harness import main

@@ -19,6 +19,7 @@ class WireLimits:
 
     max_message_bytes: int = 4 * 1024 * 1024  # gRPC receive/send limit of every channel
     max_clove_bytes: int = 1024 * 1024 + 4096  # one S-IDA clove on the wire
+    max_blob_bytes: int = 1024 * 1024 + 4096 + 16 * 1024  # a clove plus its per-hop layers, on a link
     max_prompt_bytes: int = 512 * 1024  # a prompt or chat transcript, UTF-8
     max_tx_bytes: int = 64 * 1024  # one committee transaction
     max_abci_message_bytes: int = 64 * 1024 * 1024  # one ABCI socket frame (FinalizeBlock carries a block)
@@ -337,7 +338,7 @@ class DevnetParams:
     honest_models: int = 2
     dishonest_models: int = 1
     users: int = 12
-    dishonest_variant: str = "pruned"  # a `gt-model serve --dishonest` kind (gentorrent.model_node.cheaters)
+    dishonest_variant: str = "pruned"  # a `gt-model serve --dishonest` kind (model_node.cheaters)
     parallel_model_starts: int = 4  # vLLM engines starting at once (see deploy/devnet/README.md)
     epochs: bool = True  # verifiers run verification epochs, scoring with one shared reference engine
     # the demo waits for epochs to close: spread its challenges over seconds, not EPOCH_RUN's minutes

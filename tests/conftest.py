@@ -52,7 +52,7 @@ class ModelNodeProcess:
         out = self.home / "serve.out"
         with open(out, "ab") as log:
             self.process = _subprocess.Popen(
-                [_sys.executable, "-m", "gentorrent.model_node.cli", "serve", "--model", self.model,
+                [_sys.executable, "-m", "model_node.cli", "serve", "--model", self.model,
                  "--home", str(self.home), "--listen", "127.0.0.1:0", "--stop-with-parent", *self.extra],
                 stdout=log, stderr=_subprocess.STDOUT, start_new_session=True,
             )

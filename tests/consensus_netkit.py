@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
-from gentorrent.testing.committee import free_base_port  # noqa: F401  (tests import it from here)
-from verifier.abci import txs
+from testkit.committee import free_base_port  # noqa: F401  (tests import it from here)
+from gentorrent.ledger import txs
 
 
 class Member:

@@ -21,7 +21,7 @@ from gentorrent.crypto.keys import Identity
 from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, StartTimer,
                                        TimeoutFired)
 from verifier.consensus.privval import PrivValidator
-from verifier.consensus.types import (Block, Commit, CommitError, Proposal, Validator,
+from gentorrent.ledger.chain import (Block, Commit, CommitError, Proposal, Validator,
                                       ValidatorSet, Vote, make_block, verify_commit)
 
 CHAIN = "sim-chain"

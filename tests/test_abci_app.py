@@ -14,10 +14,12 @@ from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.abci import app as appmod
-from verifier.abci import txs
-from verifier.abci.app import RegistryApp, decode_directory, directory_section_hashes
+from gentorrent.ledger import txs
+from gentorrent.ledger import sections
+from gentorrent.ledger.sections import decode_directory, directory_section_hashes
+from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo, app_hash_of
-from verifier.abci.sections import DirectoryFormatError
+from gentorrent.ledger.sections import DirectoryFormatError
 from verifier.abci.store import StoreError
 
 VALIDATORS = [Identity.from_seed(bytes([100 + i]) * 32) for i in range(4)]
@@ -86,11 +88,11 @@ def test_every_tx_kind_is_applied_and_queried(app):
     entry = pb.UserEntry.FromString(q.value)
     assert entry.address == "127.0.0.1:7000" and entry.onion_key == user.onion and entry.region == "eu"
     assert entry.registered_height == 1 and entry.public_key == user.identity.public_key
-    m = appmod.decode_model(app.query(f"/model/{model.hex}").value)
+    m = sections.decode_model(app.query(f"/model/{model.hex}").value)
     assert (m.capacity, m.model, m.reputation, m.trusted) == (3, "smollm2-135m", REPUTATION.initial_reputation, True)
-    assert appmod.decode_user(q.value).node_id == user.identity.node_id
+    assert sections.decode_user(q.value).node_id == user.identity.node_id
     with pytest.raises(DirectoryFormatError):
-        appmod.decode_user(b"\xff")
+        sections.decode_user(b"\xff")
 
     update_u = txs.update_user(user.identity, "10.1.1.1:7100", user.onion, user.cert, "us", 2)
     update_m = txs.update_model(model.identity, "10.1.1.2:9100", "gemma3-270m", 9, model.cert, 2)

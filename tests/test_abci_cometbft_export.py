@@ -13,7 +13,7 @@ import pytest
 from gentorrent.crypto.keys import Identity, NodeKeys
 from gentorrent.crypto.tls import make_self_signed
 from verifier.abci import cometbft_export as export
-from verifier.genesis import Genesis, GenesisError, GenesisValidator
+from gentorrent.ledger.genesis import Genesis, GenesisError, GenesisValidator
 
 MEMBERS = [Identity.from_seed(bytes([40 + i]) * 32) for i in range(4)]
 

@@ -17,8 +17,9 @@ import pytest
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
 from gentorrent.wire.abci import types_pb2 as abci
-from verifier.abci import txs
-from verifier.abci.app import RegistryApp, decode_directory
+from gentorrent.ledger import txs
+from gentorrent.ledger.sections import decode_directory
+from verifier.abci.app import RegistryApp
 from verifier.abci.socket_server import bound_address, decode_uvarint, encode_uvarint, frame, parse_address, serve
 
 GOLDEN = Path(__file__).parent / "data" / "abci_golden"

@@ -9,8 +9,8 @@ from gentorrent.config import WIRE
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.abci import txs
-from verifier.abci.txs import TxError, decode_tx
+from gentorrent.ledger import txs
+from gentorrent.ledger.txs import TxError, decode_tx
 
 ALICE = Identity.from_seed(bytes([1]) * 32)
 BOB = Identity.from_seed(bytes([2]) * 32)

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from gentorrent.config import CloveParams, OverlayParams
-from user_client.localnet import EchoModelNode, start_user_nodes
+from testkit.localnet import EchoModelNode, start_user_nodes
 from user_client.openai_api import ApiServer
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]

@@ -10,7 +10,7 @@ import pytest
 from gentorrent.crypto.keys import Identity
 from verifier.consensus.state_machine import (CastVote, Decision, HeightStateMachine, ProposeValue,
                                               ScheduleTimeout)
-from verifier.consensus.types import (NIL, Block, Commit, CommitError, CommitSig, DecodeError,
+from gentorrent.ledger.chain import (NIL, Block, Commit, CommitError, CommitSig, DecodeError,
                                       Proposal, Step, Validator, ValidatorSet, Vote, VoteType,
                                       decode_message, encode_message, make_block, verify_commit)
 from verifier.consensus.votes import AddOutcome, VoteKeeper

@@ -15,7 +15,7 @@ from consensus_simnet import CHAIN, KvHost, identities
 from gentorrent.config import CONSENSUS_FAST
 from verifier.consensus.driver import Broadcast, Driver, Refused
 from verifier.consensus.privval import PrivValidator
-from verifier.consensus.types import Proposal, Step, Validator, ValidatorSet
+from gentorrent.ledger.chain import Proposal, Step, Validator, ValidatorSet
 from verifier.consensus.wal import WriteAheadLog
 
 IDS = identities(4, seed=41)

@@ -9,7 +9,7 @@ import hashlib
 from gentorrent.config import CONSENSUS_FAST
 from gentorrent.crypto.keys import Identity
 from verifier.consensus.driver import (MAX_FUTURE_BYTES_PER_VALIDATOR, MAX_FUTURE_PER_VALIDATOR, Driver, NeedBlock)
-from verifier.consensus.types import Block, Proposal, Validator, ValidatorSet, Vote, VoteType, make_block
+from gentorrent.ledger.chain import Block, Proposal, Validator, ValidatorSet, Vote, VoteType, make_block
 
 CHAIN = "future-test"
 IDS = [Identity.from_seed(hashlib.sha256(f"future-{i}".encode()).digest()) for i in range(4)]

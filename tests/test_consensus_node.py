@@ -22,14 +22,14 @@ import pytest
 from consensus_netkit import Member, free_base_port
 from gentorrent.crypto.keys import Identity
 from gentorrent.crypto.tls import connect
-from gentorrent.directory import (BadSignature, Committee, TooFewSignatures, UnknownKey, WrongAppHash,
+from gentorrent.ledger.light_client import (BadSignature, Committee, TooFewSignatures, UnknownKey, WrongAppHash,
                                   fetch_directory, proof_of_reply, verify_directory, verify_proof)
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from verifier.abci.sections import encode_directory
-from verifier.consensus.types import (Block, BlockHeader, Commit, CommitSig, DirectoryProofCodec, Vote,
+from gentorrent.ledger.sections import encode_directory
+from gentorrent.ledger.chain import (Block, BlockHeader, Commit, CommitSig, DirectoryProofCodec, Vote,
                                       VoteType)
-from verifier.genesis import Genesis
+from gentorrent.ledger.genesis import Genesis
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from consensus_netkit import Member, free_base_port
 from verifier import cli
 from verifier.consensus.blockstore import BlockStore
-from verifier.consensus.home import DATA_DIR, validator_set_of
+from verifier.consensus.home import DATA_DIR
 from verifier.consensus.node import CODE_IN_MEMPOOL, CODE_OVERSIZE, VerifierNode
-from verifier.consensus.types import Commit, CommitSig, Vote, VoteType, encode_message, make_block
-from verifier.genesis import Genesis
+from gentorrent.ledger.chain import Commit, CommitSig, Vote, VoteType, encode_message, make_block
+from gentorrent.ledger.genesis import Genesis
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -91,7 +91,7 @@ async def test_a_block_stored_but_not_executed_is_replayed_on_start(home):
 
     # forge the crash: block h+1 decided and stored, the app never executed it
     genesis = Genesis.load(home)
-    vals = validator_set_of(genesis)
+    vals = genesis.validator_set()
     identity = NodeKeys.load_or_create(home).identity
     store = BlockStore(home / DATA_DIR / "blocks.sqlite")
     h = store.height
@@ -129,7 +129,7 @@ async def test_a_store_ahead_by_a_block_that_does_not_match_is_refused(home):
     h = store.height
     last, last_commit = store.load(h)
     bogus = make_block(genesis.chain_id, h + 1, last.header.time_ms + 1, identity.public_key, last.hash(),
-                       last_commit, (), validator_set_of(genesis), b"\x13" * 32)
+                       last_commit, (), genesis.validator_set(), b"\x13" * 32)
     store.save(bogus, dataclasses.replace(last_commit, height=h + 1, block_hash=bogus.hash()))
     store.close()
     with pytest.raises(Exception, match="app hash"):

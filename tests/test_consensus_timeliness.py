@@ -12,7 +12,7 @@ from gentorrent.config import CONSENSUS, CONSENSUS_FAST
 from gentorrent.crypto.keys import Identity
 from verifier.consensus.driver import Broadcast, Decide, Driver, within_drift
 from verifier.consensus.state_machine import CastVote, Decision, HeightStateMachine
-from verifier.consensus.types import (NIL, Block, Commit, CommitSig, Proposal, Validator, ValidatorSet, Vote,
+from gentorrent.ledger.chain import (NIL, Block, Commit, CommitSig, Proposal, Validator, ValidatorSet, Vote,
                                       VoteType, make_block)
 
 CHAIN = "timely-test"

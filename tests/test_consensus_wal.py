@@ -11,7 +11,7 @@ from consensus_simnet import CHAIN, KvHost, identities
 from gentorrent.config import CONSENSUS_FAST
 from verifier.consensus.driver import Broadcast, DoubleSignError, Driver, TimeoutFired
 from verifier.consensus.privval import PrivValidator
-from verifier.consensus.types import (NIL, Proposal, Step, Validator, ValidatorSet, Vote, VoteType)
+from gentorrent.ledger.chain import (NIL, Proposal, Step, Validator, ValidatorSet, Vote, VoteType)
 from verifier.consensus.wal import WriteAheadLog
 
 IDS = identities(4, seed=99)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gentorrent import demo, devnet
+from devnet import demo
+from devnet import network as devnet
 from gentorrent.config import CLOVES, DEVNET
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_model_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
     (tmp_path / "config.toml").write_text("[model_node]\ncpu_kv_cache_gb = 2\n")
-    out = _cli("gentorrent.model_node.cli", "serve", "--home", str(tmp_path), "--listen", "127.0.0.1:0")
+    out = _cli("model_node.cli", "serve", "--home", str(tmp_path), "--listen", "127.0.0.1:0")
     assert out.returncode == 2
     assert "model_node.cpu_kv_cache_gb: unknown key" in out.stderr
     assert "did you mean 'cpu_kv_cache_gib'" in out.stderr
@@ -42,7 +43,7 @@ def test_model_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
 
 def test_model_node_config_unknown_section_is_a_clear_error(tmp_path):
     (tmp_path / "config.toml").write_text("[routng]\ngossip_interval_s = 5.0\n")
-    out = _cli("gentorrent.model_node.cli", "serve", "--home", str(tmp_path), "--listen", "127.0.0.1:0")
+    out = _cli("model_node.cli", "serve", "--home", str(tmp_path), "--listen", "127.0.0.1:0")
     assert out.returncode == 2
     assert "unknown section [routng]" in out.stderr and "'routing'" in out.stderr
 
@@ -61,13 +62,13 @@ def test_user_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
 
 def test_status_and_ask_without_a_devnet_say_so(tmp_path):
     for args in (("status",), ("ask", "hi")):
-        out = _cli("gentorrent.devnet", "--root", str(tmp_path / "none"), *args)
+        out = _cli("devnet.network", "--root", str(tmp_path / "none"), *args)
         assert out.returncode == 1
         assert "no devnet at" in out.stderr and "gt-devnet up" in out.stderr
 
 
 def test_down_without_a_devnet_stops_nothing(tmp_path):
-    out = _cli("gentorrent.devnet", "--root", str(tmp_path), "down")
+    out = _cli("devnet.network", "--root", str(tmp_path), "down")
     assert out.returncode == 0 and "stopped 0 processes" in out.stdout
 
 

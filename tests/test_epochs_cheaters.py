@@ -1,4 +1,4 @@
-"""Behavioural cheaters (gentorrent.model_node.cheaters) sign what they did not compute honestly.
+"""Behavioural cheaters (model_node.cheaters) sign what they did not compute honestly.
 
 The weight cheats (pruned, noisy, other-model) run real engines: tests/test_epochs_live.py and
 bench/detection.py use them. Here a scripted engine stands in for vLLM, to check each behaviour.
@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gentorrent.crypto.keys import Identity
-from gentorrent.model_node import cheaters, receipts
-from gentorrent.model_node.engine import Delta
-from gentorrent.model_node.service import LocalGenerator
+from gentorrent import receipts
+from model_node import cheaters
+from model_node.engine import Delta
+from model_node.service import LocalGenerator
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.probe_format import challenge_request
 

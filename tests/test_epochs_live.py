@@ -3,7 +3,7 @@ gRPC/TLS), real vLLM model nodes (the session's honest SmolLM2 node and a pruned
 claims to be SmolLM2, started here with `gt-model serve --dishonest pruned`), challenges asked
 through the real anonymous overlay by each verifier's own user node, scored by the reference
 model in one teacher-forced pass. Three more nodes registered as SmolLM2 are stand-ins in
-processes of their own (`python -m user_client.localnet echo-model`, real keys, TLS, clove
+processes of their own (`python -m testkit.localnet echo-model`, real keys, TLS, clove
 intake and signed receipts): one is SIGSTOPped once registered (hung: the leader reports it
 missing, the other members' own probes fail too, the committee punishes it; killed once
 untrusted, so that later probes of it fail at once), one answers every challenge with an echo
@@ -34,16 +34,16 @@ from conftest import ModelNodeProcess
 from gentorrent.config import EPOCH_RUN, REPUTATION
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.supervisor import Supervisor, python_module, wait_until
+from devnet.supervisor import Supervisor, python_module, wait_until
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from test_user_model import CLOVES, PATIENT, _IntakeFront
-from user_client.directory import ModelRecord, StaticDirectory
-from user_client.localnet import start_user_nodes
+from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+from testkit.localnet import start_user_nodes
 from verifier import cli
 from verifier.abci import epoch_rules as rules
-from verifier.abci import txs
-from verifier.abci.sections import decode_model
+from gentorrent.ledger import txs
+from gentorrent.ledger.sections import decode_model
 from verifier.consensus.node import VerifierNode
 from verifier.epochs.reference import RemoteReference
 from verifier.epochs.runner import LeaderFaults
@@ -127,7 +127,7 @@ class EchoNodes:
     def start(self, nodes: dict[str, tuple[str, ...]]) -> None:
         """`nodes`: name -> extra echo-model arguments."""
         for name, extra in nodes.items():
-            self.sup.spawn(name, python_module("user_client.localnet", "echo-model", "--home", str(self.root / name),
+            self.sup.spawn(name, python_module("testkit.localnet", "echo-model", "--home", str(self.root / name),
                                                "--directory", str(self.directory_path), *extra))
         for name in nodes:
             wait_until(lambda: self._announced(name) is not None, 120, f"echo model node {name} to start")

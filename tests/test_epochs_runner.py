@@ -1,7 +1,7 @@
 """The epoch runner in a real committee (4 VerifierNodes, real consensus over gRPC/TLS on
 loopback, real private reveals), with a scripted reference model and a scripted prober.
 
-What is scripted (gentorrent/testing/epochs.py): the reference model's question text and token
+What is scripted (testkit/epochs.py): the reference model's question text and token
 scores, and the model nodes' replies (signed with real model-node keys and real receipts). The live test with vLLM and the
 overlay is tests/test_epochs_live.py; this one runs in seconds and checks the runner's logic:
 epochs run by themselves, a cheater becomes untrusted, faulty leaders are caught.
@@ -17,7 +17,7 @@ import pytest
 
 from consensus_netkit import free_base_port
 from gentorrent.config import EPOCH_RUN, REPUTATION
-from gentorrent.testing.epochs import SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
+from testkit.epochs import SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier import cli
 from verifier.abci import epoch_rules as rules
@@ -112,7 +112,7 @@ async def test_gt_verifier_start_with_epochs_runs_epochs_in_the_process(tmp_path
 
     from gentorrent.crypto.tls import connect
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
-    from verifier.genesis import Genesis
+    from gentorrent.ledger.genesis import Genesis
 
     assert cli.main(["--log-level", "WARNING", "init", "--validators", "1", "--out", str(tmp_path),
                      "--base-port", str(free_base_port(1)), "--timeouts", "fast", "--chain-id", "cli-epochs"]) == 0

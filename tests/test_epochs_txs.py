@@ -8,13 +8,13 @@ import pytest
 from gentorrent.config import EPOCH_RUN, REPUTATION
 from gentorrent.crypto.keys import Identity
 from gentorrent.crypto.tls import make_self_signed
-from gentorrent.model_node import receipts
+from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.abci import epoch_rules as rules
-from verifier.abci import epoch_txs, txs
+from gentorrent.ledger import epoch_txs, txs
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo
-from verifier.abci.sections import decode_model
+from gentorrent.ledger.sections import decode_model
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
 from verifier.epochs.challenges import commit_prompt

@@ -11,7 +11,7 @@ import pytest
 
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import Identity
-from gentorrent.testing.faultproxy import DOWN, UP, FaultKind, FaultNetwork, FaultProxy
+from testkit.faultproxy import DOWN, UP, FaultKind, FaultNetwork, FaultProxy
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 

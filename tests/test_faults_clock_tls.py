@@ -17,7 +17,7 @@ from cryptography import x509
 
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import Identity
-from gentorrent.testing import faketime
+from testkit import faketime
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 

@@ -1,4 +1,4 @@
-"""The committee's judgement under faults (gentorrent/testing/scenarios/epochs.py, shared with
+"""The committee's judgement under faults (testkit/scenarios/epochs.py, shared with
 bench/reliability.py): a leader that drops, alters or forges the honest node's reply is blamed
 and its epoch aborts without touching any reputation; a model node that goes down or cheats is
 penalised in every epoch that probes it until it is untrusted. The honest node stays at 1.0
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gentorrent.config import REPUTATION
-from gentorrent.testing import scenarios
+from testkit import scenarios
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 

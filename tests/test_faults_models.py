@@ -1,4 +1,4 @@
-"""Model-node faults on real processes (two `python -m user_client.localnet echo-model`
+"""Model-node faults on real processes (two `python -m testkit.localnet echo-model`
 processes serving one model; in-process user nodes relay and ask): the node listed first is
 killed mid-stream, paused, answers garbage, answers with a broken receipt signature, or
 refuses as busy. Every ask ends with the right answer from the healthy node or a clear error;
@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from gentorrent.config import OverlayParams
-from gentorrent.testing import scenarios
+from testkit import scenarios
 from user_client.asking import UNDECODABLE_REPLY, Asker
-from user_client.directory import ModelRecord
+from gentorrent.ledger.directory import ModelRecord
 
 #: the reason the user gives up on the victim, per fault (attempt["reason"]: attempt["detail"])
 VICTIM_FAILS_WITH = {"kill-mid-stream": "no_answer", "hang": "no_answer", "garbage": f"bad_reply: model node error: "
@@ -64,8 +64,8 @@ class _Models:
 
 
 def _record(name: str, reputation: float) -> ModelRecord:
-    return ModelRecord(node_id=name * 16, public_key=b"k" * 32, address=f"127.0.0.1:{len(name)}",
-                       model="m", onion_key=b"o" * 32, tls_cert=b"", reputation=reputation)
+    return ModelRecord(node_id=name.encode() * 32, public_key=b"k" * 32, address=f"127.0.0.1:{len(name)}",
+                       model="m", onion_key=b"o" * 32, tls_cert_pem=b"", reputation=reputation)
 
 
 def _asker(records, now):
@@ -77,13 +77,13 @@ def test_a_model_node_that_failed_is_tried_last_until_its_time_is_up():
     now = [100.0]
     liar, honest = _record("a", 2.0), _record("b", 1.0)
     asker = _asker([liar, honest], now)
-    asker.affinity["s"] = liar.node_id
-    assert [m.node_id for m in asker.candidates("m", "s", None)] == [liar.node_id, honest.node_id]
-    asker._note_failure(liar.node_id)
-    assert [m.node_id for m in asker.candidates("m", "s", None)] == [honest.node_id, liar.node_id]
-    assert [m.node_id for m in asker.candidates("m", None, liar.node_id)] == [liar.node_id]  # asked by name
+    asker.affinity["s"] = liar.node_id_hex
+    assert [m.node_id_hex for m in asker.candidates("m", "s", None)] == [liar.node_id_hex, honest.node_id_hex]
+    asker._note_failure(liar.node_id_hex)
+    assert [m.node_id_hex for m in asker.candidates("m", "s", None)] == [honest.node_id_hex, liar.node_id_hex]
+    assert [m.node_id_hex for m in asker.candidates("m", None, liar.node_id_hex)] == [liar.node_id_hex]  # asked by name
     now[0] += 61.0
-    assert asker.candidates("m", None, None)[0].node_id == liar.node_id
+    assert asker.candidates("m", None, None)[0].node_id_hex == liar.node_id_hex
 
 
 class _Path:

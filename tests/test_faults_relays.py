@@ -16,7 +16,7 @@ import dataclasses
 
 import pytest
 
-from gentorrent.testing import scenarios
+from testkit import scenarios
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
 
@@ -101,7 +101,7 @@ async def test_a_hung_later_hop_is_suspected_not_only_the_first_hop(tmp_path):
     """Regression: an establishment that ran into its deadline used to blame only the first
     hop (+2: excluded at once) although a later hop hung, so repairs kept choosing the paused
     relay and excluded its innocent neighbours. Now every hop is suspected once."""
-    from user_client.localnet import start_user_nodes
+    from testkit.localnet import start_user_nodes
 
     cloves, params = scenarios.scenario_params()
     params = dataclasses.replace(params, establish_timeout_s=1.0)
@@ -128,7 +128,7 @@ def test_key_leak_scan_finds_every_encoding_of_every_key(tmp_path):
 
     from gentorrent.crypto import tls
     from gentorrent.crypto.keys import NodeKeys
-    from gentorrent.testing.keyleaks import home_secrets, raw_private_bytes, scan_for_secrets
+    from testkit.keyleaks import home_secrets, raw_private_bytes, scan_for_secrets
 
     keys = NodeKeys.load_or_create(tmp_path / "home")
     tls.TlsIdentity.load_or_create(tmp_path / "home", keys.identity)
@@ -155,7 +155,7 @@ async def test_an_ask_with_fewer_than_n_paths_fails_at_once(tmp_path):
     split the query m ways, which the model node never decodes (it expects n-way cloves), and
     the user waited out the whole reply timeout (60 s by default). Now: a clear error at once."""
     from user_client.asking import AskError
-    from user_client.localnet import EchoModelNode, start_user_nodes
+    from testkit.localnet import EchoModelNode, start_user_nodes
 
     cloves, params = scenarios.scenario_params()
     directory = tmp_path / "directory.json"

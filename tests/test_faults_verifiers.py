@@ -2,13 +2,13 @@
 fault proxy on every validator-to-validator link: seeded kill -9 / restart and SIGSTOP,
 kill -9 at exact crash points (failpoints), 2-2 and 3-1 partitions then heal, one Byzantine
 member, clock skew (libfaketime). Scenario code is shared with
-bench/reliability.py (gentorrent.testing.scenarios)."""
+bench/reliability.py (testkit.scenarios)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gentorrent.testing import faketime, scenarios
+from testkit import faketime, scenarios
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(420)]
 

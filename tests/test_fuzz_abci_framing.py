@@ -1,4 +1,4 @@
-"""Property tests of the ABCI socket framing under hostile input (oracle: gentorrent/testing/fuzzing/abci_framing.py)."""
+"""Property tests of the ABCI socket framing under hostile input (oracle: testkit/fuzzing/abci_framing.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gentorrent.testing.fuzzing import filtered_check
-from gentorrent.testing.fuzzing.abci_framing import _expected, _responses, _serve
+from testkit.fuzzing import filtered_check
+from testkit.fuzzing.abci_framing import _expected, _responses, _serve
 from verifier.abci import socket_server as ss
 
 check = filtered_check("abci_framing")

@@ -1,13 +1,13 @@
 """Property tests of consensus message decoding and handling under hostile input
-(oracle: gentorrent/testing/fuzzing/consensus.py)."""
+(oracle: testkit/fuzzing/consensus.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from gentorrent.testing.fuzzing import filtered_check
-from gentorrent.testing.fuzzing.consensus import CHAIN, committee
-from verifier.consensus import types as t
+from testkit.fuzzing import filtered_check
+from testkit.fuzzing.consensus import CHAIN, committee
+from gentorrent.ledger import chain as t
 
 check = filtered_check("consensus")
 

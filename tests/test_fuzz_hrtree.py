@@ -1,4 +1,4 @@
-"""Property tests of the HR-tree delta merge under hostile input (oracle: gentorrent/testing/fuzzing/hrtree.py)."""
+"""Property tests of the HR-tree delta merge under hostile input (oracle: testkit/fuzzing/hrtree.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gentorrent.routing.hrtree import DeltaError, HRTree
-from gentorrent.testing.fuzzing import filtered_check
-from gentorrent.testing.fuzzing.hrtree import _LAYOUT, snapshot
+from testkit.fuzzing import filtered_check
+from testkit.fuzzing.hrtree import _LAYOUT, snapshot
 
 check = filtered_check("hrtree")
 

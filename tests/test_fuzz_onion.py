@@ -1,4 +1,4 @@
-"""Property tests of the onion decoders under hostile input (oracle: gentorrent/testing/fuzzing/onion.py)."""
+"""Property tests of the onion decoders under hostile input (oracle: testkit/fuzzing/onion.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gentorrent.crypto import onion
-from gentorrent.testing.fuzzing import filtered_check
-from gentorrent.testing.fuzzing.onion import _relay_keys
+from testkit.fuzzing import filtered_check
+from testkit.fuzzing.onion import _relay_keys
 
 check = filtered_check("onion")
 

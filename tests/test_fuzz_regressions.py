@@ -1,7 +1,7 @@
 """Replays every input the fuzzers ever crashed on (tests/data/fuzz_regressions/<target>/),
 and checks that each atheris harness under fuzz/ starts and runs.
 
-An input of a bug that is still open (gentorrent.testing.fuzzing.KNOWN_OPEN) is a strict
+An input of a bug that is still open (testkit.fuzzing.KNOWN_OPEN) is a strict
 xfail: it must still fail, and the day it passes the entry is deleted (the fix landed).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gentorrent.testing.fuzzing import KNOWN_OPEN, REGRESSIONS, TARGETS, oracle, regression_inputs
+from testkit.fuzzing import KNOWN_OPEN, REGRESSIONS, TARGETS, oracle, regression_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [(target, path) for target in TARGETS for path in regression_inputs(target)]

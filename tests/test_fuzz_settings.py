@@ -1,4 +1,4 @@
-"""Property tests of the TOML config parser under hostile input (oracle: gentorrent/testing/fuzzing/settings.py)."""
+"""Property tests of the TOML config parser under hostile input (oracle: testkit/fuzzing/settings.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gentorrent import settings as cfgfile
-from gentorrent.testing.fuzzing import filtered_check
+from testkit.fuzzing import filtered_check
 
 check = filtered_check("settings")
 

@@ -1,11 +1,11 @@
-"""Property tests of the S-IDA clove decoder under hostile input (oracle: gentorrent/testing/fuzzing/sida.py)."""
+"""Property tests of the S-IDA clove decoder under hostile input (oracle: testkit/fuzzing/sida.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
 from gentorrent.crypto import sida
-from gentorrent.testing.fuzzing import filtered_check
+from testkit.fuzzing import filtered_check
 
 check = filtered_check("sida")
 

@@ -13,9 +13,10 @@ import pytest
 
 from gentorrent.config import MODEL_NODE, WIRE, ModelNodeParams
 from gentorrent.crypto.keys import Identity
-from gentorrent.model_node import catalogue, inputs, receipts
-from gentorrent.model_node.engine import Delta
-from gentorrent.model_node.service import Admission, BusyError, LocalGenerator, status_code_of
+from gentorrent import generation, receipts
+from model_node import catalogue
+from model_node.engine import Delta
+from model_node.service import Admission, BusyError, LocalGenerator, status_code_of
 from gentorrent.wire import gentorrent_pb2 as pb
 
 # --------------------------------------------------------------------------- inputs
@@ -27,18 +28,18 @@ def _req(**kw) -> pb.GenerateRequest:
 
 
 def test_defaults_of_unset_proto_fields():
-    job = inputs.parse_generate(_req(prompt="hi"), "m")
-    assert job.sampling == inputs.Sampling(0.0, 1.0, 0, MODEL_NODE.default_max_tokens, None, ())
-    assert job.prompt == inputs.Prompt(text="hi")
+    job = generation.parse_generate(_req(prompt="hi"), "m")
+    assert job.sampling == generation.Sampling(0.0, 1.0, 0, MODEL_NODE.default_max_tokens, None, ())
+    assert job.prompt == generation.Prompt(text="hi")
 
 
 def test_chat_messages_and_seed():
     req = _req(messages=[pb.ChatMessage(role="user", content="q")],
                sampling=dict(temperature=0.7, top_p=0.9, top_k=40, max_tokens=5, has_seed=True, seed=9,
                              stop=["\n"]))
-    job = inputs.parse_generate(req, "m")
+    job = generation.parse_generate(req, "m")
     assert job.prompt.messages == (("user", "q"),)
-    assert job.sampling == inputs.Sampling(pytest.approx(0.7), pytest.approx(0.9), 40, 5, 9, ("\n",))
+    assert job.sampling == generation.Sampling(pytest.approx(0.7), pytest.approx(0.9), 40, 5, 9, ("\n",))
 
 
 @pytest.mark.parametrize("req, words", [
@@ -60,26 +61,26 @@ def test_chat_messages_and_seed():
     (dict(prompt="x", request_id="r" * 200), "request_id"),
 ])
 def test_bad_requests_are_refused_with_a_reason(req, words):
-    with pytest.raises(inputs.BadRequestError, match=words) as info:
-        inputs.parse_generate(_req(**req), "m")
+    with pytest.raises(generation.BadRequestError, match=words) as info:
+        generation.parse_generate(_req(**req), "m")
     assert status_code_of(info.value) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_wrong_model_is_not_found():
-    with pytest.raises(inputs.WrongModelError, match="serves 'a', not 'b'") as info:
-        inputs.parse_generate(_req(model="b", prompt="x"), "a")
+    with pytest.raises(generation.WrongModelError, match="serves 'a', not 'b'") as info:
+        generation.parse_generate(_req(model="b", prompt="x"), "a")
     assert status_code_of(info.value) == grpc.StatusCode.NOT_FOUND
-    inputs.parse_generate(_req(model="a", prompt="x"), "a")  # its own name, or none, is fine
+    generation.parse_generate(_req(model="a", prompt="x"), "a")  # its own name, or none, is fine
 
 
 def test_score_request_needs_exactly_one_target():
-    with pytest.raises(inputs.BadRequestError, match="exactly one"):
-        inputs.parse_score(pb.ScoreRequest(prompt="p"), "m")
-    with pytest.raises(inputs.BadRequestError, match="exactly one"):
-        inputs.parse_score(pb.ScoreRequest(prompt="p", text="t", token_ids=[1]), "m")
-    with pytest.raises(inputs.BadRequestError, match="top_k"):
-        inputs.parse_score(pb.ScoreRequest(prompt="p", text="t", top_k=MODEL_NODE.max_score_top_k + 1), "m")
-    job = inputs.parse_score(pb.ScoreRequest(prompt="p", token_ids=[5, 6], top_k=2), "m")
+    with pytest.raises(generation.BadRequestError, match="exactly one"):
+        generation.parse_score(pb.ScoreRequest(prompt="p"), "m")
+    with pytest.raises(generation.BadRequestError, match="exactly one"):
+        generation.parse_score(pb.ScoreRequest(prompt="p", text="t", token_ids=[1]), "m")
+    with pytest.raises(generation.BadRequestError, match="top_k"):
+        generation.parse_score(pb.ScoreRequest(prompt="p", text="t", top_k=MODEL_NODE.max_score_top_k + 1), "m")
+    job = generation.parse_score(pb.ScoreRequest(prompt="p", token_ids=[5, 6], top_k=2), "m")
     assert job.token_ids == (5, 6) and job.top_k == 2
 
 
@@ -190,7 +191,7 @@ def test_weights_folder_is_checked(tmp_path):
 
 def _cli(*args: str, env_home: Path) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(env_home), "HF_HOME": str(env_home / "hf")}
-    return subprocess.run([sys.executable, "-m", "gentorrent.model_node.cli", *args],
+    return subprocess.run([sys.executable, "-m", "model_node.cli", *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -232,7 +233,7 @@ class _Load:
 async def test_busy_over_real_grpc_tls_is_resource_exhausted():
     """The service shell maps admission refusals to RESOURCE_EXHAUSTED "busy" on the wire."""
     from gentorrent.crypto import tls
-    from gentorrent.model_node.service import ModelNodeService
+    from model_node.service import ModelNodeService
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
     engine, me = _SlowEngine(), Identity.generate()
@@ -264,7 +265,7 @@ async def test_busy_over_real_grpc_tls_is_resource_exhausted():
 def test_load_stats_sum_prefix_counters_and_keep_the_latest_scheduler_view():
     from types import SimpleNamespace as NS
 
-    from gentorrent.model_node.engine import LoadStats
+    from model_node.engine import LoadStats
 
     stats = LoadStats()
     for running, waiting, usage, q, h in [(2, 1, 0.25, 100, 0), (1, 0, 0.125, 40, 32)]:

@@ -16,7 +16,7 @@ import pytest
 
 from gentorrent.config import MODEL_NODE, WIRE
 from gentorrent.crypto.keys import node_id_of
-from gentorrent.model_node import receipts
+from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1200)]
@@ -139,7 +139,7 @@ async def test_status_health_and_unimplemented_overlay_rpcs(model_node):
     assert status.load.prefix_queries > 0  # earlier tests sent prompts through the prefix cache
     detail = json.loads(status.json)
     assert detail["load"]["prefix_queries"] == status.load.prefix_queries
-    cli = subprocess.run([sys.executable, "-m", "gentorrent.model_node.cli", "status", "--home",
+    cli = subprocess.run([sys.executable, "-m", "model_node.cli", "status", "--home",
                           str(model_node.home)], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     shown = json.loads(cli.stdout)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gentorrent.model_node.variants import add_noise, prune_layers  # noqa: E402
+from model_node.variants import add_noise, prune_layers  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from gentorrent.overlay import sealing
 from gentorrent.overlay.pathtable import Drop, DropReason, HopEntry, PathTable, ReplayFilter
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
-from user_client.directory import UserRecord
+from gentorrent.ledger.directory import UserRecord
 from user_client.paths import NotEnoughRelays, PathPool, ProxyPath, choose_relays
 
 
@@ -148,7 +148,7 @@ def test_clove_groups_decode_at_k_skip_corruption_and_drop_late():
 
 
 def _user(i: int, region: str = "eu") -> UserRecord:
-    return UserRecord(f"{i:064x}", b"p" * 32, f"127.0.0.1:{1000 + i}", b"o" * 32, b"cert", region)
+    return UserRecord(bytes.fromhex(f"{i:064x}"), b"p" * 32, f"127.0.0.1:{1000 + i}", b"o" * 32, b"cert", region)
 
 
 def test_relays_same_region_never_self_least_used_first():
@@ -156,13 +156,13 @@ def test_relays_same_region_never_self_least_used_first():
     rng = random.Random(1)
     usage = Counter({u.address: 5 for u in users[:2]})
     for _ in range(20):
-        chosen = choose_relays(users, users[5].node_id, "eu", 3, rng, usage)
+        chosen = choose_relays(users, users[5].node_id_hex, "eu", 3, rng, usage)
         addresses = {u.address for u in chosen}
         assert len(addresses) == 3
         assert all(u.region == "eu" for u in chosen) and users[5] not in chosen
         assert not addresses & {users[0].address, users[1].address}  # 3 unused relays exist
     with pytest.raises(NotEnoughRelays):
-        choose_relays(users[:3], users[0].node_id, "eu", 3, rng)
+        choose_relays(users[:3], users[0].node_id_hex, "eu", 3, rng)
 
 
 def test_path_pool_renews_failed_and_old_paths_and_picks_distinct_proxies():
@@ -190,8 +190,8 @@ def _longest_common(a: bytes, b: bytes) -> int:
 
 
 async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query():
-    from gentorrent.overlay.channels import ChannelPool
-    from gentorrent.overlay.intake import CloveIntake
+    from gentorrent.channels import ChannelPool
+    from model_node.intake import CloveIntake
 
     served = []
 

@@ -17,7 +17,7 @@ from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import AskError
-from user_client.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes
+from testkit.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 

@@ -15,12 +15,12 @@ import pytest
 from gentorrent.config import ROUTING
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import Identity
-from gentorrent.routing.gossip import GroupGossip, signed_bytes
+from model_node.gossip import GroupGossip, signed_bytes
 from gentorrent.routing.group import GroupRouting, LocalLoad
 from gentorrent.routing.policy import Reason
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from user_client.directory import ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import ModelRecord, StaticDirectory
 
 MODEL = "smollm2-135m"
 PARAMS = replace(ROUTING, directory_refresh_s=0.0, gossip_rpc_timeout_s=5.0)
@@ -62,7 +62,7 @@ class Node:
         return self
 
     def record(self, trusted: bool = True, model: str = MODEL) -> ModelRecord:
-        return ModelRecord(self.id, self.identity.public_key, self.address, model, b"\0" * 32,
+        return ModelRecord(bytes.fromhex(self.id), self.identity.public_key, self.address, model, b"\0" * 32,
                            self.tls.cert_pem, capacity=self.group.capacity, trusted=trusted)
 
     async def stop(self) -> None:

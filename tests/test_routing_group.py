@@ -18,9 +18,9 @@ import pytest
 
 from conftest import ModelNodeProcess
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.model_node import receipts
+from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from user_client.directory import ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import ModelRecord, StaticDirectory
 
 MODEL = "smollm2-135m"
 GOSSIP_INTERVAL_S = 1.0
@@ -51,7 +51,7 @@ def group(tmp_path_factory):
         registry = StaticDirectory(directory)
         for node in nodes:
             keys = NodeKeys.load_or_create(node.home)
-            registry.add_model(ModelRecord(node.node_id, node.public_key, node.address, MODEL,
+            registry.add_model(ModelRecord(bytes.fromhex(node.node_id), node.public_key, node.address, MODEL,
                                            keys.onion.public_key, node.cert_pem, capacity=5))
         yield nodes
     finally:

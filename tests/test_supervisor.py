@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gentorrent.supervisor import Supervisor, stop_recorded, wait_until
+from devnet.supervisor import Supervisor, stop_recorded, wait_until
 
 
 def test_stop_recorded_stops_own_processes_and_spares_others(tmp_path):

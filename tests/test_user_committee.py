@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gentorrent.config import CloveParams, OverlayParams
-from user_client.committee import CommitteeDirectory
+from gentorrent.ledger.committee import CommitteeDirectory
 from user_client.node import UserNode
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]

@@ -14,12 +14,12 @@ import pytest
 from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.overlay.channels import ChannelPool
-from gentorrent.overlay.intake import CloveIntake
+from gentorrent.channels import ChannelPool
+from model_node.intake import CloveIntake
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from user_client.directory import DirectoryIndex, ModelRecord, StaticDirectory
-from user_client.localnet import start_user_nodes
+from gentorrent.ledger.directory import DirectoryIndex, ModelRecord, StaticDirectory
+from testkit.localnet import start_user_nodes
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(900)]
 
@@ -59,7 +59,7 @@ async def test_overlay_ask_is_answered_by_the_real_model_node(model_node, tmp_pa
     server, port = tls.new_server(front.tls, "127.0.0.1:0")
     rpc.add_ModelNodeServicer_to_server(front, server)
     await server.start()
-    directory.add_model(ModelRecord(model_node.node_id, model_node.public_key, f"127.0.0.1:{port}",
+    directory.add_model(ModelRecord(bytes.fromhex(model_node.node_id), model_node.public_key, f"127.0.0.1:{port}",
                                     "smollm2-135m", front.keys.onion.public_key, front.tls.cert_pem))
     nodes = await start_user_nodes(13, directory_path, tmp_path, cloves=CLOVES, params=PATIENT, maintain=False)
     try:

@@ -35,15 +35,14 @@ import grpc
 
 from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import onion, sida
-from gentorrent.model_node import receipts
+from gentorrent import receipts
 from gentorrent.overlay import sealing
-from gentorrent.overlay.channels import ChannelPool
-from gentorrent.overlay.intake import BUSY_ERROR
+from gentorrent.channels import ChannelPool
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from user_client.directory import Directory, ModelRecord
+from gentorrent.ledger.directory import Directory, ModelRecord
 from user_client.paths import PathManager, ProxyPath
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ class Answer:
 def receipt_is_valid(receipt: pb.ReplyReceipt, node: ModelRecord, request: pb.GenerateRequest,
                      token_ids: list[int]) -> bool:
     """The reply is signed by the node the directory names, and covers what we asked and got."""
-    if receipt.node_id.hex() != node.node_id:
+    if receipt.node_id != node.node_id:
         return False
     try:
         receipts.verify_receipt(receipt, node.public_key, request, token_ids)
@@ -241,13 +240,13 @@ class Asker:
     def candidates(self, model: str, session: str | None, node_id: str | None) -> list[ModelRecord]:
         askable = [m for m in self.directory.models() if len(m.onion_key) == sealing.KEY_BYTES]
         if node_id is not None:  # a verifier probing one node, or an explicit choice
-            return [m for m in askable if m.node_id == node_id][:1]
+            return [m for m in askable if m.node_id_hex == node_id][:1]
         nodes = [m for m in askable if m.model == model and m.trusted]
         self.rng.shuffle(nodes)
         nodes.sort(key=lambda m: -m.reputation)
         preferred = self.affinity.get(session) if session else None
-        nodes.sort(key=lambda m: m.node_id != preferred)
-        nodes.sort(key=lambda m: self._failed_recently(m.node_id))  # even a session's node
+        nodes.sort(key=lambda m: m.node_id_hex != preferred)
+        nodes.sort(key=lambda m: self._failed_recently(m.node_id_hex))  # even a session's node
         return nodes[: self.params.max_model_attempts]
 
     def _failed_recently(self, node_id: str) -> bool:
@@ -288,14 +287,14 @@ class Asker:
                     yield item
                 self.answered += 1
                 if request.session_id:
-                    self.affinity[request.session_id] = node.node_id
+                    self.affinity[request.session_id] = node.node_id_hex
                 return
             except _NodeFailed as failed:
                 self.drops.count(failed.reason)
-                self._note_failure(node.node_id)
+                self._note_failure(node.node_id_hex)
                 attempts[-1].update(ok=False, reason=failed.reason.value, detail=str(failed))
                 if started:
-                    raise AskError(f"model node {node.node_id[:16]} failed mid-answer: "
+                    raise AskError(f"model node {node.node_id_hex[:16]} failed mid-answer: "
                                    f"{failed.reason.value}: {failed}", attempts) from None
         raise AskError(
             f"no model node answered for {request.model!r} after {len(attempts)} attempt(s): "
@@ -304,7 +303,7 @@ class Asker:
     async def _attempt(self, node: ModelRecord, request: pb.GenerateRequest, attempts: list[dict]
                        ) -> AsyncIterator[Delta | Answer]:
         t0 = self.clock()
-        attempt = {"node": node.node_id, "address": node.address}
+        attempt = {"node": node.node_id_hex, "address": node.address}
         attempts.append(attempt)
         n, k = self.cloves.n, self.cloves.k
         paths = await self.paths.pick(n)
@@ -413,7 +412,7 @@ class Asker:
         return False, failed
 
     def _relay_cert(self, address: str) -> bytes | None:
-        return next((u.tls_cert for u in self.directory.users() if u.address == address), None)
+        return next((u.tls_cert_pem for u in self.directory.users() if u.address == address), None)
 
     async def _receive(self, pending: _Pending, req: pb.GenerateRequest, node: ModelRecord,
                        paths: list[ProxyPath], attempts: list[dict], timings: dict, t0: float
@@ -430,7 +429,7 @@ class Asker:
                 timings["first_chunk_ms"] = (self.clock() - t0) * 1000
             timeout = self.params.reply_idle_timeout_s
             if chunk.error:
-                reason = DropReason.BUSY if chunk.error.startswith(BUSY_ERROR) else DropReason.BAD_REPLY
+                reason = DropReason.BUSY if chunk.error.startswith(sealing.BUSY_ERROR) else DropReason.BAD_REPLY
                 raise _NodeFailed(reason, f"model node error: {chunk.error}")
             if chunk.text or chunk.token_ids:
                 text.append(chunk.text)
@@ -441,7 +440,7 @@ class Asker:
         if not chunk.HasField("receipt") or not receipt_is_valid(chunk.receipt, node, req, token_ids):
             raise _NodeFailed(DropReason.BAD_SIGNATURE, "reply receipt missing or not signed by the node")
         timings["total_ms"] = (self.clock() - t0) * 1000
-        yield Answer("".join(text), token_ids, node.node_id, req.model, chunk.finish_reason,
+        yield Answer("".join(text), token_ids, node.node_id_hex, req.model, chunk.finish_reason,
                      chunk.receipt, req, [list(p.relays) for p in paths], attempts, timings)
 
     def _judge_paths(self, pending: _Pending) -> None:

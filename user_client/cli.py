@@ -45,7 +45,7 @@ class CliError(Exception):
 def _directory(args):
     if args.committee:
         try:
-            from user_client.committee import CommitteeDirectory
+            from gentorrent.ledger.committee import CommitteeDirectory
         except ImportError as exc:
             raise CliError(f"--committee is not available in this build: {exc}", EXIT_USAGE) from exc
         try:
@@ -56,7 +56,7 @@ def _directory(args):
     if not path.exists():
         raise CliError(f"no directory: {path} does not exist (give --directory FILE or --committee GENESIS)",
                        EXIT_USAGE)
-    from user_client.directory import StaticDirectory
+    from gentorrent.ledger.directory import StaticDirectory
 
     return StaticDirectory(path)
 

@@ -22,34 +22,18 @@ from typing import AsyncIterator
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.overlay.channels import ChannelPool
-from gentorrent.overlay.relay import Relay, Tap
+from gentorrent.channels import ChannelPool
+from user_client.relay import Relay, Tap
+from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
-from user_client.directory import Directory, DirectoryIndex, UserRecord
+from gentorrent.ledger.directory import Directory, DirectoryIndex, UserRecord
 from user_client.paths import PathManager
 
 log = logging.getLogger(__name__)
 
-__all__ = ["UserNode", "Answer", "AskError", "Delta", "make_request"]
-
-
-def make_request(prompt: str | None = None, messages: list[dict] | None = None,
-                 model: str = MODEL_NODE.default_model, max_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-                 session: str | None = None, stream: bool = False) -> pb.GenerateRequest:
-    """The GenerateRequest an ask carries (the same for users and verifiers' challenges)."""
-    if (prompt is None) == (messages is None):
-        raise ValueError("give exactly one of prompt or messages")
-    sampling = pb.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                 has_seed=seed is not None, seed=seed or 0, stop=stop or [])
-    request = pb.GenerateRequest(model=model, sampling=sampling, session_id=session or "", stream=stream)
-    if prompt is not None:
-        request.prompt = prompt
-    else:
-        request.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages)
-    return request
+__all__ = ["UserNode", "Answer", "AskError", "Delta"]
 
 
 class UserNode:
@@ -95,8 +79,9 @@ class UserNode:
 
     @property
     def record(self) -> UserRecord:
-        return UserRecord(self.node_id_hex, self.keys.identity.public_key, self.address,
-                          self.keys.onion.public_key, self.tls.cert_pem, self.region)
+        return UserRecord(node_id=self.keys.identity.node_id, public_key=self.keys.identity.public_key,
+                          address=self.address, onion_key=self.keys.onion.public_key,
+                          tls_cert_pem=self.tls.cert_pem, region=self.region)
 
     async def start(self, build_paths: bool = True) -> None:
         """Listen, register with the directory, then (optionally) build the first paths."""

@@ -25,11 +25,11 @@ import grpc
 
 from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import onion
-from gentorrent.overlay.channels import ChannelPool
-from gentorrent.overlay.relay import CONFIRMATION, Relay
+from gentorrent.channels import ChannelPool
+from user_client.relay import CONFIRMATION, Relay
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from user_client.directory import Directory, UserRecord
+from gentorrent.ledger.directory import Directory, UserRecord
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def choose_relays(
     usage: Counter | None = None, exclude: set[str] = frozenset(),
 ) -> list[UserRecord]:
     """`length` distinct relays of `region`, never `self_id`, the least used first."""
-    pool = [u for u in users if u.region == region and u.node_id != self_id and u.address not in exclude]
+    pool = [u for u in users if u.region == region and u.node_id_hex != self_id and u.address not in exclude]
     if len(pool) < length:
         raise NotEnoughRelays(f"{len(pool)} usable relays in region {region!r}, a path needs {length}")
     usage = usage or Counter()
@@ -203,7 +203,7 @@ class PathManager:
         hops = [onion.HopSpec(r.address, r.onion_key) for r in relays]
         onion_bytes, secrets = onion.build_onion(hops)  # keys and link IDs from the OS CSPRNG
         first = relays[0]
-        stub = rpc.RelayStub(self.channels.get(first.address, first.tls_cert))
+        stub = rpc.RelayStub(self.channels.get(first.address, first.tls_cert_pem))
         # register before establishing, so no Return can arrive unrouted
         path = ProxyPath(next(self._ids), tuple(r.address for r in relays), secrets, self.clock())
         try:

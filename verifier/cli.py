@@ -32,7 +32,7 @@ from gentorrent.crypto.tls import TlsError, TlsIdentity, connect
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from verifier.consensus.home import DATA_DIR, NodeConfig
-from verifier.genesis import Genesis, GenesisError, GenesisValidator
+from gentorrent.ledger.genesis import Genesis, GenesisError, GenesisValidator
 
 log = logging.getLogger("gt-verifier")
 

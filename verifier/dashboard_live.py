@@ -38,7 +38,7 @@ class LiveDashboard:
             await self.runner.cleanup()
 
     async def snapshot(self) -> DashboardData:
-        from verifier.abci.sections import decode_directory
+        from gentorrent.ledger.sections import decode_directory
 
         status = json.loads(self.node.status().json or "{}")
         q = self.node.app.query("/directory", b"", 0)

@@ -48,6 +48,8 @@ KEY_BYTES = 32
 GROUP_BYTES = 16
 TAG_BYTES = 16
 TOKEN_BYTES = 16  # a query clove's delivery token
+#: how a model node's reply error starts when it refuses work because it is at capacity
+BUSY_ERROR = "busy"
 _NONCE0 = bytes(12)
 _RAW = serialization.Encoding.Raw
 _RAW_PUB = serialization.PublicFormat.Raw

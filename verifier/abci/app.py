@@ -21,19 +21,15 @@ from typing import Callable, Sequence, TypeVar
 
 from verifier.abci.interface import (CODE_OK, BlockContext, FinalizeResult, InfoResult, QueryResult, TxResult,
                                      ValidatorInfo)
-# Directory helpers are re-exported here for the light client (gentorrent.directory)
-from verifier.abci.sections import (Directory, DirectoryFormatError, ModelRecord, UserRecord, decode_directory,
-                                    decode_model, decode_user, directory_section_hashes, encode)
+from gentorrent.ledger.sections import encode
 from verifier.abci.state import CommittedState, StateView
 from verifier.abci.store import Store
 
-__all__ = ["RegistryApp", "Directory", "DirectoryFormatError", "UserRecord", "ModelRecord", "decode_directory",
-           "directory_section_hashes", "decode_user", "decode_model",
-           "APP_VERSION", "CODE_NOT_FOUND", "CODE_UNKNOWN_PATH", "CODE_BAD_HEIGHT", "CODE_BAD_QUERY",
+__all__ = ["RegistryApp", "APP_VERSION", "CODE_NOT_FOUND", "CODE_UNKNOWN_PATH", "CODE_BAD_HEIGHT", "CODE_BAD_QUERY",
            "CODE_NOT_INITIALIZED"]
 
 APP_VERSION = 1
-# Query codes (tx codes are in verifier.abci.txs). Stable: never renumber.
+# Query codes (tx codes are in gentorrent.ledger.txs). Stable: never renumber.
 CODE_NOT_FOUND = 20
 CODE_UNKNOWN_PATH = 21
 CODE_BAD_HEIGHT = 22  # only the latest committed state is kept

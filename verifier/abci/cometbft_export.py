@@ -2,7 +2,7 @@
 
     python -m verifier.abci.cometbft_export --home ~/.gentorrent/verifier0 --out ~/.cometbft/v0
 
-writes OUT/config/genesis.json (from `verifier.genesis.Genesis`), OUT/config/priv_validator_key.json
+writes OUT/config/genesis.json (from `gentorrent.ledger.genesis.Genesis`), OUT/config/priv_validator_key.json
 (the verifier's own Ed25519 identity, so the committee keys a light client trusts are the
 keys that sign CometBFT's precommits), and, only where they do not exist yet,
 OUT/data/priv_validator_state.json (never overwritten: it is what stops CometBFT from
@@ -30,7 +30,7 @@ from typing import Any
 from gentorrent.config import WIRE
 from gentorrent.crypto.keys import Identity, KeyFormatError, NodeKeys
 from verifier.abci.app import APP_VERSION
-from verifier.genesis import Genesis, GenesisError
+from gentorrent.ledger.genesis import Genesis, GenesisError
 
 PUB_TYPE = "tendermint/PubKeyEd25519"
 PRIV_TYPE = "tendermint/PrivKeyEd25519"

@@ -43,10 +43,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION, EpochRunParams
-from gentorrent.model_node import receipts
+from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.abci.epoch_txs import SCORE_SCALE, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
-from verifier.abci.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
+from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
+from gentorrent.ledger.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
 from verifier.epochs.challenges import ChallengeEntry, ChallengeError, ChallengePlan, check_plan

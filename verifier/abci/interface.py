@@ -28,18 +28,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-#: sections of the replicated state, in app-hash order
-SECTIONS: tuple[str, ...] = ("meta", "users", "models", "epochs")
+from gentorrent.ledger.sections import SECTIONS, app_hash_of  # noqa: F401  (the app-hash contract)
 
 CODE_OK = 0
-
-
-def app_hash_of(section_hashes: dict[str, bytes]) -> bytes:
-    """The app hash committed for a state whose sections hash to `section_hashes`."""
-    missing = [s for s in SECTIONS if s not in section_hashes]
-    if missing:
-        raise ValueError(f"missing section hashes: {missing}")
-    return hashlib.sha256(b"".join(section_hashes[s] for s in SECTIONS)).digest()
 
 
 @dataclass(frozen=True)
@@ -111,14 +102,3 @@ class Application(Protocol):
         """Persist the finalized state; returns retain_height (0 = keep all blocks)."""
 
     def query(self, path: str, data: bytes, height: int = 0) -> QueryResult: ...
-
-
-@dataclass(frozen=True)
-class DirectoryProof:
-    """A directory reply a light client can check against the genesis committee alone."""
-
-    value: bytes  # the /directory query value at `height`
-    height: int
-    next_header: bytes  # encoded header of block height+1 (carries last_app_hash)
-    next_commit: bytes  # encoded commit of block height+1 (> 2/3 precommit signatures)
-    extras: dict[str, bytes] = field(default_factory=dict)

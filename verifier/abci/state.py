@@ -17,10 +17,10 @@ from typing import Callable, Generic, Iterator, TypeVar
 
 from gentorrent.config import REPUTATION
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.abci import sections as sec
+from gentorrent.ledger import sections as sec
 from verifier.abci.interface import SECTIONS, TxResult, app_hash_of
-from verifier.abci.sections import ModelRecord, UserRecord
-from verifier.abci.txs import (CODE_ALREADY_REGISTERED, CODE_NOT_REGISTERED, CODE_OK, CODE_REPLAY,
+from gentorrent.ledger.sections import ModelRecord, UserRecord
+from gentorrent.ledger.txs import (CODE_ALREADY_REGISTERED, CODE_NOT_REGISTERED, CODE_OK, CODE_REPLAY,
                                CODE_UNAUTHORIZED, COMMITTEE_KINDS, EPOCH_KINDS, ModelInfo, Tx, TxError, UserInfo,
                                decode_tx)
 

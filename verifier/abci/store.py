@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.abci.sections import ModelRecord, UserRecord, encode
+from gentorrent.ledger.sections import ModelRecord, UserRecord, encode
 from verifier.abci.state import CommittedState, StateView
 
 SCHEMA_VERSION = "1"

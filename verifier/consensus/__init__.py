@@ -13,5 +13,5 @@ Shell:
     blockstore.py     decided blocks with their commits (SQLite)
     node.py           gRPC/TLS Verifier service, peers, timers, mempool, catch-up, the app
     home.py           config.json of a verifier home; the committee of a genesis
-The command is verifier/cli.py (`gt-verifier`); the light client is gentorrent/directory.py.
+The command is verifier/cli.py (`gt-verifier`); the light client is gentorrent/ledger/light_client.py.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from verifier.consensus.types import Block, Commit
+from gentorrent.ledger.chain import Block, Commit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (

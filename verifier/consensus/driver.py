@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 from gentorrent.config import WIRE, ConsensusTimeouts
 from verifier.consensus.state_machine import (CastVote, Decision, HeightStateMachine, Output,
                                               ProposeValue, ScheduleTimeout)
-from verifier.consensus.types import (Block, Commit, CommitError, CommitSig,
+from gentorrent.ledger.chain import (Block, Commit, CommitError, CommitSig,
                                       DuplicateVoteEvidence, Proposal, Step, ValidatorSet, Vote,
                                       VoteType, encode_message, verify_commit)
 from verifier.consensus.votes import AddOutcome

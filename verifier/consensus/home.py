@@ -1,7 +1,7 @@
 """A verifier's home directory and its node configuration.
 
     config.json      moniker, listen address, timeouts ("default" | "fast"), block limits
-    genesis.json     the committee (verifier.genesis.Genesis): shared by every node and client
+    genesis.json     the committee (gentorrent.ledger.genesis.Genesis): shared by every node and client
     identity.key.pem onion.key.pem tls.crt.pem tls.key.pem   (gentorrent.crypto)
     data/            blocks.sqlite app.sqlite cs.wal sign_state.json
 """
@@ -13,16 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gentorrent.config import CONSENSUS, CONSENSUS_FAST, ConsensusTimeouts
-from verifier.consensus.types import Validator, ValidatorSet
-from verifier.genesis import Genesis, GenesisError
+from gentorrent.ledger.genesis import Genesis, GenesisError
 
 CONFIG_FILE = "config.json"
 DATA_DIR = "data"
-
-
-def validator_set_of(genesis: Genesis) -> ValidatorSet:
-    """The consensus committee of a genesis, in genesis order (vote indices refer to it)."""
-    return ValidatorSet([Validator(v.public_key, v.power) for v in genesis.validators])
 
 
 @dataclass(frozen=True)

@@ -35,20 +35,20 @@ from verifier.abci.interface import Application, BlockContext, ValidatorInfo
 from verifier.consensus.blockstore import BlockStore
 from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, StartTimer,
                                        TimeoutFired, within_drift)
-from verifier.consensus.home import DATA_DIR, NodeConfig, validator_set_of
+from verifier.consensus.home import DATA_DIR, NodeConfig
 from verifier.consensus.privval import PrivValidator
-from verifier.consensus.types import (Block, Commit, DecodeError, DirectoryProofCodec,
+from gentorrent.ledger.chain import (Block, Commit, DecodeError, DirectoryProofCodec,
                                       DuplicateVoteEvidence, Proposal, Vote, decode_message,
                                       encode_message, make_block, sha256, verify_commit)
 from verifier.consensus.wal import WriteAheadLog
-from verifier.genesis import Genesis
+from gentorrent.ledger.genesis import Genesis
 
 log = logging.getLogger(__name__)
 
 VERSION = "gt-verifier/0.1"
 CODE_MEMPOOL_FULL = 90  # node-level SubmitTx refusals (the app's codes are below 64)
 CODE_IN_MEMPOOL = 91
-CODE_OVERSIZE = 2  # same meaning as verifier.abci.txs.CODE_OVERSIZE
+CODE_OVERSIZE = 2  # same meaning as gentorrent.ledger.txs.CODE_OVERSIZE
 BLOCKS_PER_SYNC_CALL = 100
 PEER_QUEUE = 4096
 FORWARDED_KEY = "x-gt-forwarded"
@@ -71,7 +71,7 @@ class ChainHost:
     def __init__(self, genesis: Genesis, app: Application, store: BlockStore, me_key: bytes,
                  mempool: "Mempool", config: NodeConfig) -> None:
         self.genesis = genesis
-        self.validators = validator_set_of(genesis)
+        self.validators = genesis.validator_set()
         self.app = app
         self.store = store
         self.me_key = me_key
@@ -235,7 +235,7 @@ class VerifierNode:
         keys = NodeKeys.load_or_create(self.home)
         self.identity = keys.identity
         self.tls = TlsIdentity.load_or_create(self.home, self.identity)
-        self.validators = validator_set_of(self.genesis)
+        self.validators = self.genesis.validator_set()
         self.me = self.validators.index_of(self.identity.public_key)
         self.timeouts = self.config.consensus_timeouts()
         self.listen = listen or self.config.listen

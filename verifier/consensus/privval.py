@@ -24,7 +24,7 @@ from typing import Callable
 from gentorrent import failpoints
 from gentorrent.crypto.keys import Identity
 from verifier.consensus.driver import DoubleSignError
-from verifier.consensus.types import Step
+from gentorrent.ledger.chain import Step
 
 
 class PrivValidator:

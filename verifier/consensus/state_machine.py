@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verifier.consensus.types import NIL, Block, Proposal, Step, ValidatorSet, Vote, VoteType
+from gentorrent.ledger.chain import NIL, Block, Proposal, Step, ValidatorSet, Vote, VoteType
 from verifier.consensus.votes import AddOutcome, VoteKeeper
 
 # --------------------------------------------------------------------------- outputs

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from verifier.consensus.types import DuplicateVoteEvidence, NIL, ValidatorSet, Vote, VoteType
+from gentorrent.ledger.chain import DuplicateVoteEvidence, NIL, ValidatorSet, Vote, VoteType
 
 
 class AddOutcome(Enum):

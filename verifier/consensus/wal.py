@@ -22,7 +22,7 @@ import zlib
 from pathlib import Path
 
 from verifier.consensus.driver import TimeoutFired
-from verifier.consensus.types import (DecodeError, Proposal, Reader, Step, Vote, Writer,
+from gentorrent.ledger.chain import (DecodeError, Proposal, Reader, Step, Vote, Writer,
                                       decode_message, encode_message)
 
 log = logging.getLogger(__name__)

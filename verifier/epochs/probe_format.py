@@ -3,7 +3,7 @@
 Every member must rebuild, from a revealed prompt alone, the exact GenerateRequest the leader
 sent: its attestation checks the node's signed receipt against that request's prompt hash and
 sampling hash. The request is built by the very function user nodes use for their own asks
-(user_client.node.make_request: a one-message chat, the users' sampling parameters, no seed, no
+(gentorrent.generation.make_request: a one-message chat, the users' sampling parameters, no seed, no
 session), so a challenge is byte-for-byte an ordinary ask.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from gentorrent.config import EPOCH_RUN, EpochRunParams
 from gentorrent.crypto.keys import Identity
-from gentorrent.model_node.receipts import request_prompt_hash, sampling_hash
+from gentorrent.receipts import request_prompt_hash, sampling_hash
 from gentorrent.wire import gentorrent_pb2 as pb
-from user_client.node import make_request
+from gentorrent.generation import make_request
 from verifier.epochs import vrf
 
 __all__ = ["challenge_request", "receipt_matches_request", "vrf_secret_of", "vrf_public_of", "REVEAL_LABEL"]

@@ -33,11 +33,11 @@ from typing import Awaitable, Callable, Protocol
 
 from gentorrent.config import EPOCH_RUN, EPOCHS, EpochRunParams
 from gentorrent.crypto.keys import Identity
-from gentorrent.model_node import receipts
+from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.abci import epoch_rules as rules
-from verifier.abci import epoch_txs
-from verifier.abci.sections import decode_directory
+from gentorrent.ledger import epoch_txs
+from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf
 from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
                                         draw_question_seed, prompt_key, select_probe_set, verify_reveal)

@@ -26,7 +26,7 @@ async def attach_epochs(node, reference: RemoteReference, probe_directory: Path 
     prober = None
     user = None
     if probe_directory is not None:
-        from user_client.directory import StaticDirectory
+        from gentorrent.ledger.directory import StaticDirectory
         from user_client.node import UserNode
         from verifier.epochs.overlay_prober import OverlayProber
 

@@ -1,0 +1,698 @@
+"""`gt-devnet`: a whole GenTorrent network on 127.0.0.1, in one command.
+
+    gt-devnet up     [--root var/devnet] [--users 12] [--verifiers 4] [--honest 2] [--dishonest 1]
+    gt-devnet status [--root ...] [--json]
+    gt-devnet ask "PROMPT" [--root ...] [--user 0] [--max-tokens 64]
+    gt-devnet down   [--root ...]
+    gt-devnet mirror [--root ...]     (started by up: committee trust -> the overlay directory file)
+
+`up` starts the vLLM engines first (in parallel): the model nodes (honest ones serve
+`smollm2-135m`; the dishonest one, `gt-model serve --dishonest pruned`, serves half the
+layers of the same weights while claiming the same name, as a cheating volunteer would) and
+the verifiers' shared reference engine. It then generates keys and one genesis for the
+committee (`gt-verifier init`), starts the verifiers with verification epochs on, registers
+the model nodes with the committee (signed transactions), starts the user nodes, and waits
+until the network is healthy: the committee commits blocks, every model node serves, every
+user node holds its proxy paths, the committee's certified directory lists every node.
+Every node is the process a real deployment runs (`gt-verifier start`, `gt-model serve`,
+`gt-user start`), with its own home, keys and TLS certificate; every link is gRPC over
+pinned TLS.
+
+Everything lives under one root (default `var/devnet/`, git-ignored): the node homes,
+`logs/<node>.log` per node, the supervisor's `processes.json` (what `down` stops, and
+nothing else), and `devnet.json` (what `status` and `ask` read).
+
+Single-machine shortcuts, said out loud (deploy/devnet/README.md): the verifiers share one
+reference vLLM engine; user nodes and model nodes find each other in a shared static
+directory file (`directory.json`), while the committee holds the same nodes (the dashboard
+shows them) and a mirror process copies the committee's trust verdicts into the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from gentorrent.config import CLOVES, DEVNET, MODEL_NODE, DevnetParams
+from devnet.supervisor import STATE_FILE as PROCESSES_FILE
+from devnet.supervisor import (Supervisor, free_port_block, python_module, recorded, running, stop_recorded,
+                                   wait_until)
+
+DEFAULT_ROOT = Path(os.environ.get("GT_DEVNET_ROOT", "var/devnet"))
+STATE = "devnet.json"
+CHAIN_ID = "gentorrent-devnet"
+HOST = "127.0.0.1"
+
+Progress = Callable[[str], None]
+
+
+def say(text: str) -> None:
+    """Progress goes out at once, also when stdout is a file or a pipe."""
+    print(text, flush=True)
+
+
+def _throttled(progress: Progress, every_s: float = 30.0) -> Progress:
+    """Pass every line on, but "still waiting" notes (every 5 s) only every `every_s`."""
+    last = [0.0]
+
+    def note(text: str) -> None:
+        if "still waiting" in text:
+            if time.monotonic() - last[0] < every_s:
+                return
+            last[0] = time.monotonic()
+        progress(text)
+
+    return note
+
+
+class DevnetError(RuntimeError):
+    """The devnet cannot be brought up, or is not up."""
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    role: str  # verifier | model | user
+    home: str
+    address: str = ""
+    node_id: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class DevnetState:
+    root: str
+    chain_id: str
+    directory: str
+    genesis: str
+    nodes: list[NodeInfo]
+    started_at: float = 0.0
+    ready_s: float = 0.0
+    epochs: bool = False  # the verifiers run verification epochs
+
+    def of_role(self, role: str) -> list[NodeInfo]:
+        return [n for n in self.nodes if n.role == role]
+
+    def name_of(self, node_id: str = "", address: str = "") -> str:
+        for n in self.nodes:
+            if (node_id and n.node_id == node_id) or (address and n.address == address):
+                return n.name
+        return (node_id[:12] + "…") if node_id else address
+
+    def save(self) -> None:
+        path = Path(self.root) / STATE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, root: Path) -> "DevnetState":
+        path = Path(root) / STATE
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DevnetError(f"no devnet at {root} (run `gt-devnet up --root {root}` first)") from exc
+        doc["nodes"] = [NodeInfo(**n) for n in doc["nodes"]]
+        return cls(**doc)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _free_ports(count: int) -> int:
+    try:
+        return free_port_block(count, HOST)
+    except RuntimeError as exc:
+        raise DevnetError(str(exc)) from exc
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _http_json(url: str, body: dict | None = None, timeout: float = 10.0) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = str(exc)
+        raise DevnetError(f"{url}: HTTP {exc.code}: {message}") from exc
+
+
+# --------------------------------------------------------------------------- committee
+
+
+async def verifier_status(home: Path, address: str, timeout: float = 5.0) -> dict:
+    """One verifier's Status (height, app hash, peers, detail), over pinned TLS."""
+    from gentorrent.crypto.tls import connect
+    from gentorrent.wire import gentorrent_pb2 as pb
+    from gentorrent.wire import gentorrent_pb2_grpc as rpc
+    from gentorrent.ledger.genesis import Genesis
+
+    genesis = Genesis.load(Path(home) / "genesis.json")
+    cert = next(v.tls_cert_pem for v in genesis.validators if v.address == address)
+    channel = await connect(address, cert, timeout=timeout)
+    try:
+        reply = await rpc.VerifierStub(channel).Status(pb.Empty(), timeout=timeout)
+    finally:
+        await channel.close()
+    return {"height": reply.height, "peers": len(reply.peers), "detail": json.loads(reply.json or "{}")}
+
+
+async def submit_tx(genesis_path: Path, tx: bytes, timeout: float = 10.0) -> tuple[int, str]:
+    """Submit a signed registry transaction to the first verifier that answers."""
+    from gentorrent.crypto.tls import connect
+    from gentorrent.wire import gentorrent_pb2 as pb
+    from gentorrent.wire import gentorrent_pb2_grpc as rpc
+    from gentorrent.ledger.genesis import Genesis
+
+    errors = []
+    for v in Genesis.load(genesis_path).validators:
+        try:
+            channel = await connect(v.address, v.tls_cert_pem, timeout=timeout)
+            try:
+                reply = await rpc.VerifierStub(channel).SubmitTx(pb.TxRequest(tx=tx), timeout=timeout)
+            finally:
+                await channel.close()
+            return reply.code, reply.log
+        except Exception as exc:  # a verifier still starting: try the next one
+            errors.append(f"{v.name}: {exc}")
+    raise DevnetError("no verifier accepted the transaction: " + "; ".join(errors))
+
+
+async def committee_directory(genesis_path: Path, timeout: float = 10.0):
+    """The light-client-checked directory (gentorrent.ledger.light_client); raises DirectoryRejected."""
+    from gentorrent.ledger.light_client import fetch_from_committee
+    from gentorrent.ledger.genesis import Genesis
+
+    return await fetch_from_committee(Genesis.load(genesis_path), timeout=timeout)
+
+
+def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress,
+                     dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
+    committee = root / "committee"
+    base = _free_ports(count)
+    out = subprocess.run(python_module("verifier.cli", "init", "--validators", str(count), "--out", str(committee),
+                                       "--chain-id", CHAIN_ID, "--host", HOST, "--base-port", str(base)),
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise DevnetError(f"gt-verifier init failed: {out.stderr.strip()}")
+    nodes = []
+    for i in range(count):
+        home = committee / f"v{i}"
+        argv = python_module("verifier.cli", "start", "--home", str(home))
+        if reference is not None:  # every member scores with the one shared reference engine
+            argv += ["--epochs", "--reference-model", reference.address,
+                     "--reference-cert", reference.extra["cert_file"],
+                     "--probe-directory", str(root / "directory.json"),
+                     "--challenge-spread-s", str(DEVNET.challenge_spread_s)]
+        extra = {}
+        if dashboards:
+            port = _free_ports(1)
+            argv += ["--dashboard", f"{HOST}:{port}"]
+            extra["dashboard"] = f"http://{HOST}:{port}/"
+            extra["metrics"] = f"http://{HOST}:{port}/metrics"
+        sup.spawn(f"verifier-v{i}", argv)
+        nodes.append(NodeInfo(f"v{i}", "verifier", str(home), f"{HOST}:{base + i}", extra=extra))
+    progress(f"committee: {count} verifiers started (ports {base}..{base + count - 1}"
+             f"{', verification epochs on' if reference else ', no verification epochs'}), waiting for blocks")
+
+    def committing() -> bool:
+        statuses = [asyncio.run(verifier_status(Path(n.home), n.address)) for n in nodes]
+        return all(s["height"] >= 2 for s in statuses)
+
+    _wait_alive(sup, [f"verifier-{n.name}" for n in nodes], committing, DEVNET.node_start_timeout_s,
+                "the committee to commit its first blocks", progress)
+    for n in nodes:
+        n.node_id = asyncio.run(verifier_status(Path(n.home), n.address))["detail"].get("node_id", "")
+    progress("committee: committing blocks")
+    return nodes
+
+
+def _wait_alive(sup: Supervisor, names: list[str], check: Callable[[], bool], timeout: float, what: str,
+                progress: Progress) -> None:
+    """wait_until, failing at once (with the log's tail) if one of `names` died."""
+    dead: list[str] = []
+
+    def guarded() -> bool:
+        dead.extend(name for name in names if not sup.alive(name))
+        return bool(dead) or check()
+
+    wait_until(guarded, timeout, what, progress)
+    if dead:
+        name = dead[0]
+        tail = (sup.logs / f"{name}.log").read_bytes()[-2500:].decode(errors="replace")
+        raise DevnetError(f"{name} exited with code {sup.exit_code(name)}; end of its log:\n{tail}")
+
+
+# --------------------------------------------------------------------------- model nodes
+
+
+REFERENCE = "reference"  # the verifiers' shared reference engine (its node name and role)
+
+
+def _start_models(sup: Supervisor, root: Path, shape: DevnetParams, progress: Progress,
+                  reference: bool) -> list[NodeInfo]:
+    """Model nodes (and the verifiers' reference engine), `shape.parallel_model_starts` vLLM
+    engines starting at a time."""
+    from model_node.cheaters import KINDS
+
+    if shape.dishonest_models and shape.dishonest_variant not in KINDS:
+        raise DevnetError(f"unknown dishonest kind {shape.dishonest_variant!r}; one of {', '.join(KINDS)}")
+    plan = [(f"honest{i}", None) for i in range(shape.honest_models)]
+    plan += [(f"dishonest{i}", shape.dishonest_variant) for i in range(shape.dishonest_models)]
+    if reference:
+        plan.append((REFERENCE, None))
+    nodes = []
+    batch = max(1, shape.parallel_model_starts)
+    for first in range(0, len(plan), batch):
+        nodes += _start_model_batch(sup, root, plan[first:first + batch], shape, progress)
+    return nodes
+
+
+def _start_model_batch(sup: Supervisor, root: Path, plan: list, shape: DevnetParams,
+                       progress: Progress) -> list[NodeInfo]:
+    t0 = time.monotonic()
+    homes = {name: root / "models" / name for name, _ in plan}
+    for name, cheat in plan:
+        argv = python_module("model_node.cli", "serve", "--model", MODEL_NODE.default_model,
+                             "--home", str(homes[name]), "--listen", f"{HOST}:0",
+                             "--capacity", str(MODEL_NODE.default_capacity), "--metrics", f"{HOST}:0")
+        if cheat is not None:  # claims the default model, serves something cheaper (cheaters.py)
+            argv += ["--dishonest", cheat]
+        if name != REFERENCE:  # the reference engine is no member of the overlay
+            argv += ["--directory", str(root / "directory.json")]
+        what = ("the verifiers' shared reference engine" if name == REFERENCE
+                else f"dishonest: {cheat}" if cheat else "honest")
+        progress(f"model nodes: starting {name} ({what} {MODEL_NODE.default_model}; a vLLM engine on CPU "
+                 f"takes a while)")
+        sup.spawn(f"model-{name}", argv, env={"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)})
+    _wait_alive(sup, [f"model-{name}" for name in homes],
+                lambda: all((h / "node.json").exists() for h in homes.values()),
+                shape.model_start_timeout_s, f"model node(s) {', '.join(homes)} to serve", progress)
+    nodes = []
+    for name, cheat in plan:
+        info = _read_json(homes[name] / "node.json") or {}
+        nodes.append(NodeInfo(name, REFERENCE if name == REFERENCE else "model", str(homes[name]), info["address"],
+                              info["node_id"], {"dishonest": cheat is not None, "cheat": cheat or "",
+                                                "capacity": info.get("capacity"), "ready_s": info.get("ready_s"),
+                                                "metrics": info.get("metrics", ""), "cert_file": info["cert_file"]}))
+        progress(f"model nodes: {name} serves on {info['address']} (engine ready in {info.get('ready_s')}s)")
+    progress(f"model nodes: batch of {len(plan)} ready after {time.monotonic() - t0:.0f}s")
+    return nodes
+
+
+def verifiers_run_epochs() -> bool:
+    """Whether this build's `gt-verifier start` can run verification epochs (issue 7)."""
+    out = subprocess.run(python_module("verifier.cli", "start", "--help"), capture_output=True, text=True,
+                         timeout=120)
+    return "--epochs" in out.stdout
+
+
+def _register_models(root: Path, genesis: Path, models: list[NodeInfo], progress: Progress) -> None:
+    """Into the overlay's directory file, and with the committee (a signed register_model tx)."""
+    from gentorrent.crypto.keys import NodeKeys
+    from gentorrent.crypto.tls import TlsIdentity
+    from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+    from gentorrent.ledger import txs
+
+    directory = StaticDirectory(root / "directory.json")
+    for m in models:
+        keys = NodeKeys.load_or_create(Path(m.home))
+        cert = TlsIdentity.load_or_create(Path(m.home), keys.identity).cert_pem
+        capacity = int(m.extra.get("capacity") or MODEL_NODE.default_capacity)
+        directory.add_model(ModelRecord(bytes.fromhex(m.node_id), keys.identity.public_key, m.address, MODEL_NODE.default_model,
+                                        keys.onion.public_key, cert, capacity))
+        tx = txs.register_model(keys.identity, m.address, MODEL_NODE.default_model, capacity, cert,
+                                sequence=int(time.time() * 1000), onion_key=keys.onion.public_key)
+        m.extra["committee"] = _registered(m.name, asyncio.run(submit_tx(genesis, tx)))
+    progress(f"model nodes: {len(models)} registered with the committee and in the overlay directory")
+
+
+# --------------------------------------------------------------------------- user nodes
+
+
+def _start_users(sup: Supervisor, root: Path, count: int, progress: Progress) -> list[NodeInfo]:
+    nodes = []
+    for i in range(count):
+        name = f"u{i:02d}"
+        home = root / "users" / name
+        home.mkdir(parents=True, exist_ok=True)
+        argv = python_module("user_client.cli", "start", "--home", str(home),
+                             "--directory", str(root / "directory.json"), "--listen", f"{HOST}:0",
+                             "--api-listen", f"{HOST}:0")
+        sup.spawn(f"user-{name}", argv)
+        nodes.append(NodeInfo(name, "user", str(home)))
+    progress(f"user nodes: {count} started, waiting for them to listen")
+    names = [f"user-{n.name}" for n in nodes]
+    _wait_alive(sup, names, lambda: all((Path(n.home) / "node.json").exists() for n in nodes),
+                DEVNET.node_start_timeout_s, f"{count} user nodes to listen", progress)
+    for n in nodes:
+        info = _read_json(Path(n.home) / "node.json") or {}
+        n.address, n.node_id = info["address"], info["node_id"]
+        n.extra["api"] = info["api"]
+        n.extra["metrics"] = info["api"] + "/metrics"  # the user API serves Prometheus text too
+    return nodes
+
+
+def _register_users(genesis: Path, users: list[NodeInfo]) -> None:
+    """Users register with the committee too, so its directory (and dashboard) counts them."""
+    from gentorrent.crypto.keys import NodeKeys
+    from gentorrent.crypto.tls import TlsIdentity
+    from gentorrent.ledger import txs
+
+    for u in users:
+        keys = NodeKeys.load_or_create(Path(u.home))
+        cert = TlsIdentity.load_or_create(Path(u.home), keys.identity).cert_pem
+        tx = txs.register_user(keys.identity, u.address, keys.onion.public_key, cert, "default",
+                               sequence=int(time.time() * 1000))
+        u.extra["committee"] = _registered(u.name, asyncio.run(submit_tx(genesis, tx)))
+
+
+def _registered(name: str, reply: tuple[int, str]) -> str:
+    from gentorrent.ledger.txs import CODE_ALREADY_REGISTERED, CODE_OK
+
+    code, log = reply
+    if code not in (CODE_OK, CODE_ALREADY_REGISTERED):
+        raise DevnetError(f"the committee refused to register {name}: code {code}: {log}")
+    return "registered"
+
+
+def user_status(user: NodeInfo, timeout: float = 10.0) -> dict:
+    return _http_json(user.extra["api"] + "/gt/status", timeout=timeout)
+
+
+def _paths_ready(users: list[NodeInfo]) -> bool:
+    return all(user_status(u)["paths"].get("usable", 0) >= CLOVES.n for u in users)
+
+
+# --------------------------------------------------------------------------- up / down
+
+
+def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progress = say,
+       dashboards: bool = True, reference_at: tuple[str, str] | None = None) -> DevnetState:
+    """Start the whole network under `root`; on any failure stop what was started and raise.
+
+    `reference_at` (address, certificate file) names an honest model node already running on
+    this machine for the verifiers to score with, instead of starting a reference engine
+    (the tests pass their session's model node: one vLLM engine less)."""
+    root = Path(root).resolve()
+    progress = _throttled(progress)
+    alive = running(root)
+    if alive:
+        raise DevnetError(f"a devnet is already running under {root} ({len(alive)} processes); "
+                          f"`gt-devnet down --root {root}` first")
+    _clean(root)
+    t0 = time.monotonic()
+    sup = Supervisor(root)
+    try:
+        epochs = shape.epochs and verifiers_run_epochs()
+        if shape.epochs and not epochs:
+            progress("committee: this build's gt-verifier cannot run verification epochs yet (no --epochs)")
+        engines = _start_models(sup, root, shape, progress, reference=epochs and reference_at is None)
+        models = [n for n in engines if n.role == "model"]
+        reference = next((n for n in engines if n.role == REFERENCE), None)
+        if epochs and reference_at is not None:
+            reference = NodeInfo(REFERENCE, REFERENCE, "", reference_at[0], extra={"cert_file": reference_at[1]})
+        verifiers = _start_committee(sup, root, shape.verifiers, progress, dashboards, reference)
+        genesis = Path(verifiers[0].home) / "genesis.json"
+        _register_models(root, genesis, models, progress)
+        users = _start_users(sup, root, shape.users, progress)
+        _register_users(genesis, users)
+        state = DevnetState(str(root), CHAIN_ID, str(root / "directory.json"), str(genesis),
+                            verifiers + engines + users, time.time(), epochs=epochs)
+        state.save()
+        sup.spawn(MIRROR, python_module("devnet.network", "--root", str(root), "mirror"))
+        _wait_alive(sup, recorded(root), lambda: _paths_ready(users), shape.healthy_timeout_s,
+                    f"every user node to hold {CLOVES.n} proxy paths", progress)
+        _wait_alive(sup, recorded(root), lambda: _committee_lists(state), shape.healthy_timeout_s,
+                    "the committee's certified directory to list every node", progress)
+        state.ready_s = round(time.monotonic() - t0, 1)
+        state.save()
+    except BaseException:
+        progress(f"devnet: start-up failed, stopping what was started (logs stay in {root / 'logs'})")
+        stop_recorded(root, shape.stop_grace_s)
+        raise
+    progress(f"devnet: healthy after {state.ready_s:.0f}s: {len(verifiers)} verifiers, {len(models)} model nodes "
+             f"({shape.dishonest_models} dishonest), {len(users)} user nodes; logs in {root / 'logs'}")
+    return state
+
+
+# --------------------------------------------------------------------------- trust mirror
+
+MIRROR = "directory-mirror"
+MIRROR_INTERVAL_S = 2.0
+
+
+def mirror_trust_once(state: DevnetState) -> list[str]:
+    """Copy each model node's reputation and trusted flag from the committee's certified
+    directory into the overlay's directory file; returns the node ids whose trust changed.
+
+    The bridge exists only because user nodes read the file (see the module docstring): it is
+    how a node the committee untrusts leaves the users' routing, as it would with --committee.
+    """
+    from gentorrent.ledger.directory import StaticDirectory
+
+    certified = {m.node_id.hex(): m for m in asyncio.run(committee_directory(Path(state.genesis))).models}
+    directory = StaticDirectory(Path(state.directory))
+    changed = []
+    for record in directory.models():
+        c = certified.get(record.node_id_hex)
+        if c is None or (record.reputation, record.trusted) == (c.reputation, c.trusted):
+            continue
+        directory.add_model(replace(record, reputation=c.reputation, trusted=c.trusted))
+        if record.trusted != c.trusted:
+            changed.append(record.node_id_hex)
+    return changed
+
+
+def run_mirror(root: Path, interval_s: float = MIRROR_INTERVAL_S) -> None:
+    """`gt-devnet mirror`: mirror_trust_once every interval_s (a devnet process; `down` stops it)."""
+    state = DevnetState.load(Path(root).resolve())
+    while True:
+        try:
+            for node_id in mirror_trust_once(state):
+                say(f"directory-mirror: {state.name_of(node_id=node_id)} is now "
+                    f"{'trusted' if _is_trusted(state, node_id) else 'UNTRUSTED'} (committee)")
+        except Exception as exc:  # a verifier restarting, a directory without proof yet: retry
+            say(f"directory-mirror: {type(exc).__name__}: {exc}")
+        time.sleep(interval_s)
+
+
+def _is_trusted(state: DevnetState, node_id: str) -> bool:
+    from gentorrent.ledger.directory import StaticDirectory
+
+    return any(m.trusted for m in StaticDirectory(Path(state.directory)).models() if m.node_id_hex == node_id)
+
+
+def _committee_lists(state: DevnetState) -> bool:
+    directory = asyncio.run(committee_directory(Path(state.genesis)))
+    return (len(directory.models) >= len(state.of_role("model"))
+            and len(directory.users) >= len(state.of_role("user")))
+
+
+def _clean(root: Path) -> None:
+    """Fresh homes for a fresh network (nothing of ours is running: checked by the caller)."""
+    for item in ("committee", "models", "users", "logs", "directory.json", "directory.lock", STATE, PROCESSES_FILE):
+        path = root / item
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+
+
+def down(root: Path = DEFAULT_ROOT, grace_s: float = DEVNET.stop_grace_s) -> list[str]:
+    """Stop exactly the processes `up` started under `root`; returns their names."""
+    return stop_recorded(Path(root).resolve(), grace_s)
+
+
+# --------------------------------------------------------------------------- status / ask
+
+
+def status(root: Path = DEFAULT_ROOT) -> dict:
+    """What runs, what the committee certifies, and each node's own view."""
+    state = DevnetState.load(Path(root).resolve())
+    alive = set(running(Path(state.root)))
+    report = {"root": state.root, "chain_id": state.chain_id, "nodes": []}
+    try:
+        directory = asyncio.run(committee_directory(Path(state.genesis)))
+        certified = {m.node_id.hex(): m for m in directory.models}
+        report["committee_directory"] = {"height": directory.height, "users": len(directory.users),
+                                         "models": len(directory.models)}
+    except Exception as exc:
+        certified, report["committee_directory"] = {}, {"error": str(exc)}
+    for n in state.nodes:
+        process = {"verifier": "verifier-", "model": "model-", REFERENCE: "model-", "user": "user-"}[n.role] + n.name
+        row = {"name": n.name, "role": n.role, "address": n.address, "running": process in alive, **n.extra}
+        try:
+            row.update(_node_view(n, certified))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        report["nodes"].append(row)
+    return report
+
+
+def _node_view(n: NodeInfo, certified: dict) -> dict:
+    if n.role == "verifier":
+        s = asyncio.run(verifier_status(Path(n.home), n.address))
+        c = s["detail"].get("consensus", {})
+        return {"height": s["height"], "round": c.get("round"), "peers": s["peers"]}
+    if n.role == REFERENCE:
+        return {}
+    if n.role == "model":
+        m = certified.get(n.node_id)
+        return {} if m is None else {"reputation": round(m.reputation, 3), "trusted": m.trusted}
+    s = user_status(n)
+    return {"paths": s["paths"].get("usable", 0), "relayed": s["relay"].get("table", {}).get("forwarded", 0),
+            "asked": s["asking"].get("asked", 0)}
+
+
+def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int = 64,
+        timeout: float = 300.0) -> dict:
+    """Ask through user node `user`'s overlay (its OpenAI-compatible chat endpoint, so the
+    model node applies the chat template); the answer with its route named by node."""
+    state = DevnetState.load(Path(root).resolve())
+    users = state.of_role("user")
+    if not 0 <= user < len(users):
+        raise DevnetError(f"--user must be in 0..{len(users) - 1}")
+    t0 = time.monotonic()
+    reply = _http_json(users[user].extra["api"] + "/v1/chat/completions",
+                       {"model": MODEL_NODE.default_model, "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": max_tokens, "temperature": 0.0}, timeout=timeout)
+    overlay = reply.get("gentorrent", {})
+    answer = {"text": reply["choices"][0]["message"]["content"], "model": reply.get("model"),
+              "tokens": reply.get("usage", {}).get("completion_tokens", 0), **overlay}
+    answer["wall_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    answer["asked_by"] = users[user].name
+    answer["served_by_name"] = state.name_of(node_id=answer.get("served_by", ""))
+    probes = _probe_users(state)
+    answer["route"] = [[probes.get(a) or state.name_of(address=a) for a in path] for path in answer.get("paths", [])]
+    return answer
+
+
+def _probe_users(state: DevnetState) -> dict[str, str]:
+    """address -> name of the user nodes the verifiers run to send challenges (they relay too)."""
+    from gentorrent.crypto.keys import NodeKeys
+    from gentorrent.ledger.directory import StaticDirectory
+    from verifier.epochs.wiring import PROBE_HOME
+
+    ids = {}
+    for v in state.of_role("verifier"):
+        probe = Path(v.home) / PROBE_HOME
+        if (probe / NodeKeys.IDENTITY_FILE).exists():
+            ids[NodeKeys.load_or_create(probe).identity.node_id_hex] = f"{v.name}-probe"
+    return {u.address: ids[u.node_id_hex] for u in StaticDirectory(Path(state.directory)).users() if u.node_id_hex in ids}
+
+
+def describe_answer(answer: dict) -> str:
+    lines = [answer["text"].strip(),
+             f"[asked by {answer['asked_by']}, served by {answer['served_by_name']} "
+             f"({answer.get('served_by', '')[:16]}…), {answer['tokens']} tokens; route of each clove:"]
+    for i, path in enumerate(answer["route"]):
+        lines.append(f"   clove {i}: {answer['asked_by']} -> {' -> '.join(path)} (proxy) -> {answer['served_by_name']}")
+    timings = answer.get("timings_ms", {})
+    if timings:
+        lines.append("   timings: " + ", ".join(f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in timings.items())
+                     + f"; wall {answer['wall_ms']:.0f} ms]")
+    return "\n".join(lines)
+
+
+def describe_status(report: dict) -> str:
+    lines = [f"devnet {report['chain_id']} at {report['root']}"]
+    cd = report.get("committee_directory", {})
+    lines.append("committee directory: " + (cd["error"] if "error" in cd else
+                                            f"height {cd['height']}, {cd['models']} model nodes, {cd['users']} users"))
+    for row in report["nodes"]:
+        state = "up  " if row["running"] else "DOWN"
+        hidden = ("name", "role", "address", "running", "api", "metrics", "cert_file")
+        detail = {k: v for k, v in row.items() if k not in hidden and v not in ("", None)}
+        lines.append(f"  {state} {row['role']:8s} {row['name']:10s} {row['address']:21s} "
+                     + " ".join(f"{k}={v}" for k, v in detail.items()))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gt-devnet", description="a whole GenTorrent network on 127.0.0.1")
+    p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="homes, logs and state (default var/devnet)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="start verifiers, model nodes and user nodes; wait until healthy")
+    u.add_argument("--verifiers", type=int, default=DEVNET.verifiers)
+    u.add_argument("--honest", type=int, default=DEVNET.honest_models)
+    u.add_argument("--dishonest", type=int, default=DEVNET.dishonest_models)
+    u.add_argument("--users", type=int, default=DEVNET.users)
+    u.add_argument("--dishonest-kind", default=DEVNET.dishonest_variant,
+                   help="how the dishonest nodes cheat (gt-model serve --dishonest KIND)")
+    u.add_argument("--parallel-models", type=int, default=DEVNET.parallel_model_starts,
+                   help="vLLM engines starting at once (1: one after another)")
+    u.add_argument("--no-dashboard", action="store_true", help="do not serve the verifiers' status pages")
+    u.add_argument("--no-epochs", action="store_true",
+                   help="no verification epochs (and no reference engine: one vLLM engine less)")
+    s = sub.add_parser("status", help="what runs and how each node is doing")
+    s.add_argument("--json", action="store_true")
+    a = sub.add_parser("ask", help="ask a question through a user node's anonymous overlay")
+    a.add_argument("prompt")
+    a.add_argument("--user", type=int, default=0)
+    a.add_argument("--max-tokens", type=int, default=64)
+    a.add_argument("--json", action="store_true")
+    sub.add_parser("down", help="stop everything `up` started (nothing else)")
+    sub.add_parser("mirror", help="(started by up) copy the committee's trust into the overlay's directory file")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            if args.verifiers < 1 or args.users < CLOVES.n or args.honest < 1 or args.dishonest < 0:
+                p.error(f"need >= 1 verifier, >= 1 honest model node and >= {CLOVES.n} users")
+            shape = replace(DEVNET, verifiers=args.verifiers, honest_models=args.honest,
+                            dishonest_models=args.dishonest, users=args.users,
+                            parallel_model_starts=args.parallel_models, dishonest_variant=args.dishonest_kind,
+                            epochs=not args.no_epochs)
+            state = up(args.root, shape, dashboards=not args.no_dashboard)
+            for v in state.of_role("verifier"):
+                if v.extra.get("dashboard"):
+                    print(f"dashboard of {v.name}: {v.extra['dashboard']}")
+            return 0
+        if args.cmd == "status":
+            report = status(args.root)
+            print(json.dumps(report, indent=1) if args.json else describe_status(report))
+            return 0 if all(r["running"] for r in report["nodes"]) else 1
+        if args.cmd == "ask":
+            answer = ask(args.prompt, args.root, args.user, args.max_tokens)
+            print(json.dumps(answer) if args.json else describe_answer(answer))
+            return 0
+        if args.cmd == "mirror":
+            run_mirror(args.root)
+            return 0
+        stopped = down(args.root)
+        print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))
+        return 0
+    except (DevnetError, TimeoutError) as exc:
+        print(f"gt-devnet: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

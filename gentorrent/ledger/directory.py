@@ -1,0 +1,158 @@
+"""Where a user node learns who the relays and model nodes are (DESIGN.md §3.1).
+
+The rest of the user client sees only the small `Directory` interface below. Two
+implementations: `StaticDirectory`, a JSON file (tests, the demo's first start, air-gapped
+setups), and `CommitteeDirectory`, the committee's light-client-checked registry
+(gentorrent.ledger.light_client), which is what a production node uses. Registering a user node adds
+it to whichever directory it uses, so other users can pick it as a relay.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Protocol
+
+from gentorrent.ledger.sections import ModelRecord, UserRecord
+
+MAX_DIRECTORY_BYTES = 64 * 1024 * 1024
+
+
+class DirectoryError(ValueError):
+    """A directory file or answer is malformed."""
+
+
+class Directory(Protocol):
+    def users(self) -> list[UserRecord]: ...
+
+    def models(self) -> list[ModelRecord]: ...
+
+    async def refresh(self) -> None: ...
+
+    async def register_user(self, record: UserRecord) -> None: ...
+
+
+class DirectoryIndex:
+    """Lookups every node needs on the hot path, rebuilt when the directory changes."""
+
+    def __init__(self, directory: Directory) -> None:
+        self.directory = directory
+        self._users: dict[str, UserRecord] = {}
+        self._models: dict[str, ModelRecord] = {}
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self._users = {u.address: u for u in self.directory.users()}
+        self._models = {m.address: m for m in self.directory.models()}
+
+    def relay_cert(self, address: str) -> bytes | None:
+        user = self._users.get(address)
+        return user.tls_cert_pem if user else None
+
+    def model_cert(self, address: str) -> bytes | None:
+        model = self._models.get(address)
+        return model.tls_cert_pem if model else None
+
+    def model_by_id(self, node_id_hex: str) -> ModelRecord | None:
+        return next((m for m in self._models.values() if m.node_id_hex == node_id_hex), None)
+
+
+# --------------------------------------------------------------------------- JSON encoding
+
+_BYTES_HEX = ("node_id", "public_key", "onion_key")
+
+
+def _encode(record: UserRecord | ModelRecord) -> dict:
+    d = asdict(record)
+    for name in _BYTES_HEX:
+        d[name] = d[name].hex()
+    d["tls_cert_pem"] = d["tls_cert_pem"].decode()
+    return d
+
+
+def _decode(cls, d: dict):
+    try:
+        fields = dict(d)
+        for name in _BYTES_HEX:
+            fields[name] = bytes.fromhex(fields[name])
+        fields["tls_cert_pem"] = fields["tls_cert_pem"].encode()
+        return cls(**fields)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DirectoryError(f"malformed {cls.__name__} entry: {exc}") from exc
+
+
+class StaticDirectory:
+    """A directory kept in one JSON file: {"users": [...], "models": [...]}.
+
+    `refresh` re-reads the file, `register_user` / `add_model` rewrite it under an exclusive
+    lock (atomic rename), so several processes on one machine can share it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._users: list[UserRecord] = []
+        self._models: list[ModelRecord] = []
+        self._stamp: tuple[int, int, int] | None = None
+        if self.path.exists():
+            self._load()
+
+    def users(self) -> list[UserRecord]:
+        return list(self._users)
+
+    def models(self) -> list[ModelRecord]:
+        return list(self._models)
+
+    async def refresh(self) -> None:
+        self._load()
+
+    async def register_user(self, record: UserRecord) -> None:
+        self._update(lambda doc: _upsert(doc.setdefault("users", []), _encode(record)))
+
+    def add_model(self, record: ModelRecord) -> None:
+        self._update(lambda doc: _upsert(doc.setdefault("models", []), _encode(record)))
+
+    def _read(self) -> dict:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {"users": [], "models": []}
+        if len(raw) > MAX_DIRECTORY_BYTES:
+            raise DirectoryError(f"{self.path}: larger than {MAX_DIRECTORY_BYTES} bytes")
+        try:
+            doc = json.loads(raw or b"{}")
+        except json.JSONDecodeError as exc:
+            raise DirectoryError(f"{self.path}: not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise DirectoryError(f"{self.path}: not a JSON object")
+        return doc
+
+    def _load(self) -> None:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp == self._stamp:
+            return  # unchanged since the last read: nodes refresh often, the file rarely changes
+        doc = self._read()
+        self._users = [_decode(UserRecord, d) for d in doc.get("users", [])]
+        self._models = [_decode(ModelRecord, d) for d in doc.get("models", [])]
+        self._stamp = stamp
+
+    def _update(self, change) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            doc = self._read()
+            change(doc)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(doc, indent=1))
+            os.replace(tmp, self.path)
+        self._load()
+
+
+def _upsert(entries: list[dict], entry: dict) -> None:
+    entries[:] = [e for e in entries if e.get("node_id") != entry["node_id"]] + [entry]

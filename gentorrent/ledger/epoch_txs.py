@@ -1,0 +1,140 @@
+"""Verification-epoch transactions (issue 7): builders and their stateless checks.
+
+Six kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in TxBody fields
+20..25. What each one means, and the stateful rules, are in verifier.abci.epoch_rules:
+
+    epoch_member_keys   a member's VRF key (leader election) and X25519 key (private reveals)
+    epoch_vrf_proof     a member's ECVRF proof for the election of one epoch
+    epoch_plan          the leader's probe set with one prompt commitment per model node
+    epoch_replies       the leader's collected signed replies (or missing-reply reports)
+    epoch_attestation   a member's own re-scoring of every reply with its reference model
+    epoch_probe_report  a member's own probe of a node the leader reported missing
+
+Scores travel as integer micro-units so that the agreed result (a median) and everything
+derived from it is bit-identical on every member.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from gentorrent.config import EPOCH_RUN, EPOCHS
+from gentorrent.crypto.keys import Identity
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.ledger.txs import CODE_INVALID_FIELD, TxError, _body, _sign
+
+__all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "validate",
+           "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "to_micros"]
+
+SCORE_SCALE = 1_000_000
+VERDICT_SCORED = 0
+VERDICT_PROMPT_MISMATCH = 1  # the signed reply answers a prompt other than the committed one
+VERDICT_UNSCORABLE = 2  # this member's reference model could not score it (no vote on the score)
+_VERDICTS = (VERDICT_SCORED, VERDICT_PROMPT_MISMATCH, VERDICT_UNSCORABLE)
+NODE_ID_BYTES = 32
+MAX_REASON_CHARS = 200
+
+
+def to_micros(score: float) -> int:
+    """A credibility in [0, 1] as the integer the chain carries."""
+    if not 0.0 <= score <= 1.0:
+        raise TxError(CODE_INVALID_FIELD, f"score {score!r} outside [0, 1]")
+    return int(round(score * SCORE_SCALE))
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def member_keys(identity: Identity, vrf_public_key: bytes, box_public_key: bytes, sequence: int) -> bytes:
+    return _build(identity, sequence, "epoch_member_keys",
+                  pb.EpochMemberKeys(vrf_public_key=vrf_public_key, box_public_key=box_public_key))
+
+
+def vrf_proof(identity: Identity, epoch: int, proof: bytes, sequence: int) -> bytes:
+    return _build(identity, sequence, "epoch_vrf_proof", pb.EpochVrfProof(epoch=epoch, proof=proof))
+
+
+def plan(identity: Identity, epoch: int, entries: Sequence[tuple[bytes, bytes]], sequence: int) -> bytes:
+    """`entries`: (model node id, prompt commitment), any order (sorted here)."""
+    msg = pb.EpochPlan(epoch=epoch, entries=[pb.ChallengeCommitment(node_id=n, commitment=c)
+                                             for n, c in sorted(entries)])
+    return _build(identity, sequence, "epoch_plan", msg)
+
+
+def replies(identity: Identity, epoch: int, items: Sequence[pb.ProbeReply], sequence: int) -> bytes:
+    msg = pb.EpochReplies(epoch=epoch, replies=sorted(items, key=lambda r: r.node_id))
+    return _build(identity, sequence, "epoch_replies", msg)
+
+
+def attestation(identity: Identity, epoch: int, scores: Sequence[tuple[bytes, int, int]], sequence: int) -> bytes:
+    """`scores`: (model node id, score micros, verdict)."""
+    msg = pb.EpochAttestation(epoch=epoch, scores=[pb.NodeScore(node_id=n, score_micros=s, verdict=v)
+                                                   for n, s, v in sorted(scores)])
+    return _build(identity, sequence, "epoch_attestation", msg)
+
+
+def probe_report(identity: Identity, epoch: int, node_id: bytes, ok: bool, sequence: int) -> bytes:
+    return _build(identity, sequence, "epoch_probe_report", pb.EpochProbeReport(epoch=epoch, node_id=node_id, ok=ok))
+
+
+def _build(identity: Identity, sequence: int, kind: str, msg) -> bytes:
+    validate(kind, msg)  # fail at the member, not in every mempool
+    return _sign(identity, _body(identity, sequence, kind, msg))
+
+
+# --------------------------------------------------------------------------- stateless checks
+
+
+def _bad(message: str) -> TxError:
+    return TxError(CODE_INVALID_FIELD, message)
+
+
+def _check_ids_sorted_unique(ids: Sequence[bytes], what: str) -> None:
+    if any(len(i) != NODE_ID_BYTES for i in ids):
+        raise _bad(f"{what}: node ids are {NODE_ID_BYTES} bytes")
+    if any(a >= b for a, b in zip(ids, ids[1:])):
+        raise _bad(f"{what}: entries must be sorted and unique by node id")
+
+
+def validate(kind: str, m) -> None:
+    """Field formats of an epoch payload (state decides the rest)."""
+    if kind == "epoch_member_keys":
+        if len(m.vrf_public_key) != 32 or len(m.box_public_key) != 32 or not any(m.box_public_key):
+            raise _bad("member keys are a 32-byte VRF key and a non-zero 32-byte X25519 key")
+        return
+    if m.epoch < 1:
+        raise _bad("epochs are numbered from 1")
+    if kind == "epoch_vrf_proof":
+        if len(m.proof) != 80:
+            raise _bad("an ECVRF proof is 80 bytes")
+    elif kind == "epoch_plan":
+        if len(m.entries) > EPOCHS.max_probed_nodes:
+            raise _bad(f"a plan probes at most {EPOCHS.max_probed_nodes} nodes")
+        _check_ids_sorted_unique([e.node_id for e in m.entries], "plan")
+        if any(len(e.commitment) != 32 for e in m.entries):
+            raise _bad("commitments are 32-byte SHA-256 digests")
+    elif kind == "epoch_replies":
+        if len(m.replies) > EPOCHS.max_probed_nodes:
+            raise _bad(f"at most {EPOCHS.max_probed_nodes} replies")
+        _check_ids_sorted_unique([r.node_id for r in m.replies], "replies")
+        for r in m.replies:
+            if len(r.reason) > MAX_REASON_CHARS:
+                raise _bad("reason too long")
+            if r.missing and (r.token_ids or r.HasField("receipt")):
+                raise _bad("a missing reply carries no tokens and no receipt")
+            if not r.missing and (not r.token_ids or not r.HasField("receipt")):
+                raise _bad("a reply carries its tokens and its receipt")
+            if len(r.token_ids) > EPOCH_RUN.max_reply_tokens:
+                raise _bad(f"a reply carries at most {EPOCH_RUN.max_reply_tokens} tokens")
+    elif kind == "epoch_attestation":
+        if len(m.scores) > EPOCHS.max_probed_nodes:
+            raise _bad(f"at most {EPOCHS.max_probed_nodes} scores")
+        _check_ids_sorted_unique([s.node_id for s in m.scores], "attestation")
+        for s in m.scores:
+            if s.score_micros > SCORE_SCALE or s.verdict not in _VERDICTS:
+                raise _bad("score_micros must be <= 1e6 and verdict one of 0, 1, 2")
+    elif kind == "epoch_probe_report":
+        if len(m.node_id) != NODE_ID_BYTES:
+            raise _bad(f"node ids are {NODE_ID_BYTES} bytes")
+    else:  # pragma: no cover - txs.decode_tx only passes epoch kinds here
+        raise _bad(f"unknown epoch kind {kind}")

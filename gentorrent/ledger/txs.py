@@ -1,0 +1,295 @@
+"""Committee transactions: how a node registers itself, and how the app checks it did.
+
+A transaction is a `SignedTx` (proto/gentorrent.proto, "registry transactions"): the encoded
+`TxBody` plus an Ed25519 signature by the body's `signer` over `TX_SIGNING_DOMAIN || body`.
+The domain prefix keeps a transaction signature from ever being valid as a vote, a gossip
+message or a reply receipt signed by the same identity key.
+
+Why the body travels as bytes: the signature covers exactly the bytes on the wire, so no
+re-encoding can break it, and `decode_tx` refuses bodies that are not the deterministic
+encoding of what they decode to, so one meaning has exactly one transaction (and one hash:
+duplicates are detectable by hash as well as by sequence).
+
+Replay protection is a per-signer sequence: a transaction is valid only if its sequence is
+strictly greater than the last one the signer used (gaps are allowed, so clients may use e.g.
+a millisecond clock). Stateless checks (size, encoding, signature, field formats) live here;
+stateful ones (sequence, already registered) in `verifier.abci.app`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Union
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from google.protobuf.message import DecodeError
+
+from gentorrent.config import MODEL_NODE, WIRE
+from gentorrent.crypto.keys import (PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, KeyFormatError, SignatureError,
+                                    node_id_of, verify_signature)
+from gentorrent.wire import gentorrent_pb2 as pb
+
+TX_SIGNING_DOMAIN = b"gentorrent/registry-tx/v1\x00"
+
+# Stable result codes of CheckTx / FinalizeBlock (0 = ok, as in ABCI). Never renumber.
+CODE_OK = 0
+CODE_MALFORMED = 1  # not a SignedTx / TxBody, or a non-canonical encoding
+CODE_OVERSIZE = 2  # larger than WIRE.max_tx_bytes
+CODE_BAD_SIGNATURE = 3
+CODE_REPLAY = 4  # sequence not above the signer's last one (duplicate or replayed tx)
+CODE_INVALID_FIELD = 5  # a field is out of range or badly formatted
+CODE_ALREADY_REGISTERED = 6
+CODE_NOT_REGISTERED = 7
+CODE_UNAUTHORIZED = 8  # a committee-only kind signed by a non-member
+CODE_UNKNOWN_KIND = 9  # no kind set, or a kind this version does not know
+
+#: tx kinds (the TxBody `kind` oneof) of this version
+USER_KINDS = ("register_user", "update_user", "deregister_user")
+MODEL_KINDS = ("register_model", "update_model", "deregister_model")
+KINDS = USER_KINDS + MODEL_KINDS
+#: verification-epoch kinds (issue 7, TxBody fields 20..25; rules in verifier.abci.epoch_rules)
+EPOCH_KINDS = ("epoch_member_keys", "epoch_vrf_proof", "epoch_plan", "epoch_replies", "epoch_attestation",
+               "epoch_probe_report")
+#: kinds only committee members may sign
+COMMITTEE_KINDS: frozenset[str] = frozenset(EPOCH_KINDS)
+
+MAX_ADDRESS_CHARS = 255
+MAX_REGION_CHARS = 32
+MAX_MODEL_CHARS = 128
+MAX_CERT_BYTES = 8 * 1024
+MAX_SEQUENCE = 2**63 - 1  # fits SQLite's signed 64-bit integers
+
+_REGION_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
+_HOST_RE = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+class TxError(ValueError):
+    """A transaction is invalid; `code` is one of the stable CODE_* values."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    address: str
+    onion_key: bytes
+    tls_cert_pem: bytes
+    region: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    address: str
+    model: str
+    capacity: int
+    tls_cert_pem: bytes
+    onion_key: bytes = b""  # empty: listed, but unreachable through the anonymous overlay
+
+
+Payload = Union[UserInfo, ModelInfo, None, "pb.Message"]  # epoch kinds: their checked pb message
+
+
+@dataclass(frozen=True)
+class Tx:
+    """A decoded transaction whose encoding, signature and fields have been checked."""
+
+    signer: bytes
+    sequence: int
+    kind: str
+    payload: Payload
+    raw: bytes
+
+    @property
+    def node_id(self) -> bytes:
+        return node_id_of(self.signer)
+
+    @property
+    def hash(self) -> bytes:
+        return tx_hash(self.raw)
+
+
+def tx_hash(raw: bytes) -> bytes:
+    """The transaction hash as CometBFT computes it (SHA-256 of the raw tx)."""
+    return hashlib.sha256(raw).digest()
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def register_user(identity: Identity, address: str, onion_key: bytes, tls_cert_pem: bytes, region: str,
+                  sequence: int) -> bytes:
+    return _user_tx(identity, "register_user", UserInfo(address, onion_key, tls_cert_pem, region), sequence)
+
+
+def update_user(identity: Identity, address: str, onion_key: bytes, tls_cert_pem: bytes, region: str,
+                sequence: int) -> bytes:
+    return _user_tx(identity, "update_user", UserInfo(address, onion_key, tls_cert_pem, region), sequence)
+
+
+def deregister_user(identity: Identity, sequence: int) -> bytes:
+    return _sign(identity, _body(identity, sequence, "deregister_user", pb.Deregistration()))
+
+
+def register_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
+                   sequence: int, onion_key: bytes = b"") -> bytes:
+    info = ModelInfo(address, model, capacity, tls_cert_pem, onion_key)
+    return _model_tx(identity, "register_model", info, sequence)
+
+
+def update_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
+                 sequence: int, onion_key: bytes = b"") -> bytes:
+    info = ModelInfo(address, model, capacity, tls_cert_pem, onion_key)
+    return _model_tx(identity, "update_model", info, sequence)
+
+
+def deregister_model(identity: Identity, sequence: int) -> bytes:
+    return _sign(identity, _body(identity, sequence, "deregister_model", pb.Deregistration()))
+
+
+def _user_tx(identity: Identity, kind: str, info: UserInfo, sequence: int) -> bytes:
+    validate_user(info, identity.node_id)  # fail at the client, not in the mempool
+    msg = pb.UserRegistration(address=info.address, onion_key=info.onion_key, tls_cert_pem=info.tls_cert_pem,
+                              region=info.region)
+    return _sign(identity, _body(identity, sequence, kind, msg))
+
+
+def _model_tx(identity: Identity, kind: str, info: ModelInfo, sequence: int) -> bytes:
+    validate_model(info, identity.node_id)
+    msg = pb.ModelRegistration(address=info.address, model=info.model, capacity=info.capacity,
+                               tls_cert_pem=info.tls_cert_pem, onion_key=info.onion_key)
+    return _sign(identity, _body(identity, sequence, kind, msg))
+
+
+def _body(identity: Identity, sequence: int, kind: str, payload) -> pb.TxBody:
+    _check_sequence(sequence)
+    body = pb.TxBody(signer=identity.public_key, sequence=sequence)
+    getattr(body, kind).CopyFrom(payload)
+    return body
+
+
+def _sign(identity: Identity, body: pb.TxBody) -> bytes:
+    body_bytes = body.SerializeToString(deterministic=True)
+    raw = pb.SignedTx(body=body_bytes, signature=identity.sign(TX_SIGNING_DOMAIN + body_bytes)).SerializeToString(
+        deterministic=True)
+    if len(raw) > WIRE.max_tx_bytes:
+        raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
+    return raw
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def decode_tx(raw: bytes) -> Tx:
+    """Check everything that does not depend on state; raise TxError with a stable code."""
+    if len(raw) > WIRE.max_tx_bytes:
+        raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
+    signed = _parse(pb.SignedTx, raw, "SignedTx")
+    body = _parse(pb.TxBody, signed.body, "TxBody")
+    if len(body.signer) != PUBLIC_KEY_BYTES:
+        raise TxError(CODE_MALFORMED, f"signer must be a {PUBLIC_KEY_BYTES}-byte Ed25519 public key")
+    if len(signed.signature) != SIGNATURE_BYTES:
+        raise TxError(CODE_BAD_SIGNATURE, f"signature must be {SIGNATURE_BYTES} bytes")
+    try:
+        verify_signature(body.signer, signed.signature, TX_SIGNING_DOMAIN + signed.body)
+    except (SignatureError, KeyFormatError) as exc:
+        raise TxError(CODE_BAD_SIGNATURE, f"bad signature: {exc}") from exc
+    try:
+        _check_sequence(body.sequence)
+    except TxError as exc:
+        raise TxError(CODE_INVALID_FIELD, str(exc)) from exc
+    kind = body.WhichOneof("kind")
+    if kind is None or (kind not in KINDS and kind not in EPOCH_KINDS):
+        raise TxError(CODE_UNKNOWN_KIND, "transaction has no kind this version knows")
+    node_id = node_id_of(body.signer)
+    payload: Payload = None
+    if kind in ("register_user", "update_user"):
+        m = getattr(body, kind)
+        payload = UserInfo(m.address, m.onion_key, m.tls_cert_pem, m.region)
+        validate_user(payload, node_id)
+    elif kind in ("register_model", "update_model"):
+        m = getattr(body, kind)
+        payload = ModelInfo(m.address, m.model, m.capacity, m.tls_cert_pem, m.onion_key)
+        validate_model(payload, node_id)
+    elif kind in EPOCH_KINDS:
+        from gentorrent.ledger import epoch_txs  # epoch payloads are checked there
+
+        payload = getattr(body, kind)
+        epoch_txs.validate(kind, payload)
+    return Tx(signer=body.signer, sequence=body.sequence, kind=kind, payload=payload, raw=bytes(raw))
+
+
+def _parse(cls, data: bytes, name: str):
+    msg = cls()
+    try:
+        msg.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise TxError(CODE_MALFORMED, f"not a {name}: {exc}") from exc
+    msg.DiscardUnknownFields()  # protobuf keeps and re-emits them; we refuse them
+    if msg.SerializeToString(deterministic=True) != data:
+        # unknown fields, duplicated fields, default values written out, or field reordering
+        raise TxError(CODE_MALFORMED, f"{name} is not canonically encoded")
+    return msg
+
+
+def _check_sequence(sequence: int) -> None:
+    if not 0 < sequence <= MAX_SEQUENCE:
+        raise TxError(CODE_INVALID_FIELD, f"sequence must be in 1..{MAX_SEQUENCE}")
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def validate_user(info: UserInfo, node_id: bytes) -> None:
+    validate_address(info.address)
+    validate_onion_key(info.onion_key)
+    if not 0 < len(info.region) <= MAX_REGION_CHARS or not _REGION_RE.fullmatch(info.region):
+        raise TxError(CODE_INVALID_FIELD, f"region must be 1..{MAX_REGION_CHARS} chars of [a-z0-9._-]")
+    validate_certificate(info.tls_cert_pem, node_id)
+
+
+def validate_model(info: ModelInfo, node_id: bytes) -> None:
+    validate_address(info.address)
+    if not 0 < len(info.model) <= MAX_MODEL_CHARS or not _MODEL_RE.fullmatch(info.model):
+        raise TxError(CODE_INVALID_FIELD, f"model must be 1..{MAX_MODEL_CHARS} chars of [A-Za-z0-9._:/-]")
+    if not MODEL_NODE.min_capacity <= info.capacity <= MODEL_NODE.max_capacity:
+        raise TxError(CODE_INVALID_FIELD,
+                      f"capacity must be in {MODEL_NODE.min_capacity}..{MODEL_NODE.max_capacity}, got {info.capacity}")
+    if info.onion_key:
+        validate_onion_key(info.onion_key)
+    validate_certificate(info.tls_cert_pem, node_id)
+
+
+def validate_onion_key(onion_key: bytes) -> None:
+    if len(onion_key) != PUBLIC_KEY_BYTES or onion_key == bytes(PUBLIC_KEY_BYTES):
+        raise TxError(CODE_INVALID_FIELD, f"onion_key must be a non-zero {PUBLIC_KEY_BYTES}-byte X25519 key")
+
+
+def validate_address(address: str) -> None:
+    """host:port with a DNS name, IPv4 or [IPv6] host and a port in 1..65535."""
+    host, sep, port = address.rpartition(":")
+    ok = (0 < len(address) <= MAX_ADDRESS_CHARS and sep and _HOST_RE.fullmatch(host) is not None
+          and port.isascii() and port.isdigit() and not port.startswith("0") and 0 < int(port) < 65536)
+    if not ok:
+        raise TxError(CODE_INVALID_FIELD, f"address must be host:port, got {address[:64]!r}")
+
+
+def validate_certificate(cert_pem: bytes, node_id: bytes) -> None:
+    """One PEM certificate whose subject CN is the signer's node id (gentorrent.crypto.tls)."""
+    if not 0 < len(cert_pem) <= MAX_CERT_BYTES:
+        raise TxError(CODE_INVALID_FIELD, f"tls_cert_pem must be 1..{MAX_CERT_BYTES} bytes")
+    if cert_pem.count(b"-----BEGIN") != 1:
+        raise TxError(CODE_INVALID_FIELD, "tls_cert_pem must hold exactly one PEM certificate")
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    except Exception as exc:  # noqa: BLE001 - attacker-chosen DER: any parser failure is a refusal,
+        # never an exception escaping FinalizeBlock on every node at once
+        raise TxError(CODE_INVALID_FIELD, f"tls_cert_pem is not a PEM certificate: {exc}") from exc
+    if len(names) != 1 or names[0].value != node_id.hex():
+        raise TxError(CODE_INVALID_FIELD, "tls_cert_pem must name the signer's node id as its subject CN")

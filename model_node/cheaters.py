@@ -1,0 +1,153 @@
+"""Dishonest model nodes, for the verification tests and the detection benchmark ONLY.
+
+`gt-model serve --model smollm2-135m --dishonest KIND` serves something cheaper than what it
+claims while signing every reply as the claimed model, as a cheating volunteer would:
+
+    pruned       half the decoder layers of the claimed model (variants.prune_layers)
+    noisy        the claimed model with Gaussian noise on its weights (variants.add_noise)
+    other-model  a different real model (gemma3-270m) whose text is re-tokenised with the claimed
+                 model's tokenizer, so the signed token ids look like the claimed model's
+    random       random tokens of the claimed vocabulary (no model run at all)
+    replay       the answer it gave to an earlier, different prompt (the first one is honest)
+    selective    honest on what it guesses are challenges (a short single-turn question with no
+                 system prompt and no session), random tokens on everything else
+
+Weight cheats need only other weights (`prepare`); behavioural cheats wrap the node's
+LocalGenerator (`make_generator`), so the rest of the node (overlay intake, status) is unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator
+
+from gentorrent import generation, receipts
+from model_node.service import LocalGenerator
+from gentorrent.wire import gentorrent_pb2 as pb
+
+KINDS = ("pruned", "noisy", "other-model", "random", "replay", "selective")
+OTHER_MODEL = "gemma3-270m"
+NOISE_SIGMA = 0.5  # relative to each tensor's spread (as the devnet's noisy variant)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to load for a dishonest node: catalogue name and weights folder (None: default)."""
+
+    load_model: str
+    weights: Path | None
+
+
+def prepare(kind: str, claimed: str, weights: Path | None = None) -> Plan:
+    """Build the cheaper weights once (into the model cache) and say what to load."""
+    from model_node import catalogue, variants
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown dishonest kind {kind!r}; one of {', '.join(KINDS)}")
+    if kind == "other-model":
+        return Plan(OTHER_MODEL, None)
+    if kind in ("pruned", "noisy"):
+        target = catalogue.cache_root() / "variants" / f"{claimed}-{kind}"
+        if not (target / "config.json").exists():
+            honest = Path(weights) if weights else catalogue.resolve(claimed).path
+            if kind == "pruned":
+                variants.prune_layers(honest, target)
+            else:
+                variants.add_noise(honest, target, relative_sigma=NOISE_SIGMA, seed=1)
+        return Plan(claimed, target)
+    return Plan(claimed, weights)
+
+
+def make_generator(kind: str, honest: LocalGenerator, claimed: str) -> LocalGenerator:
+    """The node's generator for `kind` (weight cheats: the honest code path on cheap weights)."""
+    if kind == "other-model":
+        return RetokenisingGenerator(honest.engine, honest.identity, honest.params, claimed=claimed)
+    if kind in ("random", "replay", "selective"):
+        return BehaviourGenerator(honest.engine, honest.identity, honest.params, kind=kind)
+    return honest
+
+
+def looks_like_challenge(request: pb.GenerateRequest) -> bool:
+    """The selective cheater's guess: a short one-message question, no session."""
+    if request.session_id or len(request.messages) != 1 or request.messages[0].role != "user":
+        return False
+    text = request.messages[0].content
+    return len(text) < 400 and "?" in text
+
+
+@dataclass
+class BehaviourGenerator(LocalGenerator):
+    """random / replay / selective: replies it did not compute honestly, signed all the same."""
+
+    kind: str = "random"
+    seed: int = 0
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), init=False)
+    _last: tuple[str, list[int]] | None = field(default=None, init=False)
+
+    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+        if self.kind == "selective" and looks_like_challenge(request):
+            async for chunk in super().__call__(request):
+                yield chunk
+            return
+        job = generation.parse_generate(request, self.model, self.params)
+        n = max(1, job.sampling.max_tokens)
+        key = receipts.request_prompt_hash(request).hex()
+        if self.kind == "replay":
+            if self._last is None or self._last[0] == key:  # nothing to replay yet: be honest once
+                out: list[int] = []
+                async for chunk in super().__call__(request):
+                    out.extend(chunk.token_ids)
+                    yield chunk
+                self._last = (key, out)
+                return
+            tokens = list(self._last[1])
+        else:
+            vocab = len(self.engine.tokenizer)
+            tokens = [self._rng.randrange(vocab) for _ in range(n)]
+        yield self._signed(request, tokens)
+
+    def _signed(self, request: pb.GenerateRequest, tokens: list[int]) -> pb.GenerateChunk:
+        chunk = pb.GenerateChunk(text=self.engine.decode(tokens), token_ids=tokens, served_by=self.identity.node_id_hex,
+                                 final=True, finish_reason="length")
+        chunk.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, tokens, self.clock_ms()))
+        self.served += 1
+        return chunk
+
+
+@dataclass
+class RetokenisingGenerator(LocalGenerator):
+    """Another model's text, re-tokenised as the claimed model (engine.model is the claimed name)."""
+
+    claimed: str = ""
+    _tokenizer: object = field(default=None, init=False)
+
+    def claimed_tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from model_node import catalogue
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(catalogue.resolve(self.claimed).path))
+        return self._tokenizer
+
+    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+        text = []
+        inner = pb.GenerateRequest()
+        inner.CopyFrom(request)
+        if inner.messages and not getattr(self.engine.tokenizer, "chat_template", None):
+            # a base model (gemma3-270m here) has no chat template: the cheater flattens the chat
+            inner.prompt = "".join(f"{m.role}: {m.content}\n" for m in inner.messages) + "assistant:"
+            del inner.messages[:]
+        async for chunk in super().__call__(inner):  # signed by the honest path; re-signed below
+            text.append(chunk.text)
+        tokens = list(self.claimed_tokenizer().encode("".join(text), add_special_tokens=False))[
+            : max(1, request.sampling.max_tokens or self.params.default_max_tokens)] or [0]
+        out = pb.GenerateChunk(text=self.claimed_tokenizer().decode(tokens, skip_special_tokens=True),
+                               token_ids=tokens, served_by=self.identity.node_id_hex, final=True,
+                               finish_reason="stop")
+        out.receipt.CopyFrom(receipts.make_receipt(self.identity, self.claimed, request, tokens,
+                                                   int(time.time() * 1000)))
+        yield out

@@ -1,0 +1,321 @@
+"""`gt-model`: run a model node (`serve`), ask it how it is doing (`status`), list `models`.
+
+`serve` checks that the model's weights are on disk *before* starting anything heavy, so a
+missing checkpoint is a one-line error in a second rather than a stack trace after a minute.
+Once the engine is up and the gRPC/TLS server listens, the node writes `node.json` in its home
+(address, node id, public key, certificate file): that is how `gt-model status`, the devnet
+and the tests find it. SIGINT/SIGTERM stop it cleanly (server drained, engine stopped, file
+removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gentorrent.config import MODEL_NODE, ModelNodeParams
+
+STATE_FILE = "node.json"
+log = logging.getLogger("gt-model")
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("GENTORRENT_HOME", Path.home() / ".gentorrent" / "model"))
+
+
+def _capacity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not MODEL_NODE.min_capacity <= value <= MODEL_NODE.max_capacity:
+        raise argparse.ArgumentTypeError(
+            f"capacity is a score from {MODEL_NODE.min_capacity} to {MODEL_NODE.max_capacity}")
+    return value
+
+
+def _listen(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gt-model", description="GenTorrent model node")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve one model with vLLM over gRPC/TLS")
+    s.add_argument("--model", default=MODEL_NODE.default_model, help="catalogue name (see `gt-model models`)")
+    s.add_argument("--weights", type=Path, help="folder of a Hugging Face checkpoint for --model")
+    s.add_argument("--home", type=Path, default=None, help="keys, config.toml, logs, node.json")
+    s.add_argument("--listen", type=_listen, default="127.0.0.1:50061", help="HOST:PORT (port 0: any free)")
+    s.add_argument("--capacity", type=_capacity, default=MODEL_NODE.default_capacity,
+                   help=f"capacity score {MODEL_NODE.min_capacity}..{MODEL_NODE.max_capacity}")
+    s.add_argument("--verbose", action="store_true", help="show vLLM's own INFO logs")
+    s.add_argument("--stop-with-parent", action="store_true",
+                   help="shut down when the process that started this one exits (tests, devnets)")
+    s.add_argument("--metrics", type=_listen, default=None, metavar="HOST:PORT",
+                   help="serve Prometheus text on http://HOST:PORT/metrics")
+    s.add_argument("--directory", type=Path, default=None,
+                   help="directory JSON file of the overlay: accept cloves, reply to the proxies it lists")
+    s.add_argument("--dishonest", default=None, metavar="KIND",
+                   choices=("pruned", "noisy", "other-model", "random", "replay", "selective"),
+                   help="TESTS AND BENCHMARKS ONLY: cheat while claiming --model "
+                        "(model_node.cheaters: pruned, noisy, other-model, random, replay, selective)")
+    # --- routing (issue 6): the model group of --model, from the verified directory
+    s.add_argument("--forwarding", action="store_true",
+                   help="join the group of --model: gossip HR-tree deltas and load with its trusted nodes "
+                        "(from --directory FILE or --committee GENESIS) and forward requests to the peer "
+                        "that holds their prefix")
+    s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
+                   help="with --forwarding: the group comes from the committee's light-client-checked directory")
+    s.add_argument("--gossip-interval", type=float, default=None, metavar="SECONDS",
+                   help="with --forwarding: seconds between gossip rounds (default: config ROUTING)")
+    st = sub.add_parser("status", help="what a running node serves and its load")
+    st.add_argument("--home", type=Path, default=None)
+    st.add_argument("--timeout", type=float, default=10.0)
+    sub.add_parser("models", help="list the model catalogue")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "models":
+        return _models()
+    if args.command == "status":
+        return asyncio.run(_status(args.home or default_home(), args.timeout))
+    return _serve(args)
+
+
+def _models() -> int:
+    from model_node.catalogue import CATALOGUE
+
+    for e in CATALOGUE.values():
+        where = f"pip: {e.pip_name}" if e.embedded else f"hf: {e.hf_id}"
+        print(f"{e.name:14s} {e.description}  [{where}]")
+    return 0
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _load_params(home: Path) -> ModelNodeParams:
+    from gentorrent import settings
+
+    return settings.load_home(home)["model_node"]
+
+
+def _serve(args) -> int:
+    from model_node import catalogue
+
+    home = (args.home or default_home()).resolve()
+    args.load_model = args.model
+    if args.forwarding and not (args.directory or args.committee):  # --- routing (issue 6)
+        print("gt-model: --forwarding needs --directory FILE or --committee GENESIS (the group's roster)",
+              file=sys.stderr)
+        return 2
+    try:
+        if args.dishonest:  # --- issue 7: a cheating node for the verification tests
+            from model_node import cheaters
+
+            plan = cheaters.prepare(args.dishonest, args.model, args.weights)
+            args.load_model, args.weights = plan.load_model, plan.weights
+        catalogue.check_available(args.load_model, args.weights)
+        params = _load_params(home)
+    except ValueError as exc:  # CatalogueError, settings.ConfigError
+        print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
+    home.mkdir(parents=True, exist_ok=True)
+    _setup_logging(home)
+    try:
+        return asyncio.run(_serve_async(args, home, params))
+    except catalogue.CatalogueError as exc:
+        print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _setup_logging(home: Path) -> None:
+    (home / "logs").mkdir(exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    file_handler = logging.FileHandler(home / "logs" / "gt-model.log")
+    stderr = logging.StreamHandler()
+    for h in (file_handler, stderr):
+        h.setFormatter(fmt)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.addHandler(file_handler)
+    root.addHandler(stderr)
+
+
+async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
+    from gentorrent.crypto import tls
+    from gentorrent.crypto.keys import NodeKeys
+    from model_node import catalogue
+    from model_node.engine import Engine
+    from model_node.service import LocalGenerator, ModelNodeService
+    from gentorrent.wire import gentorrent_pb2_grpc as rpc
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if args.stop_with_parent:
+        asyncio.ensure_future(_watch_parent(os.getppid(), stop))
+
+    keys = NodeKeys.load_or_create(home)
+    tls_id = tls.TlsIdentity.load_or_create(home, keys.identity)
+    t0 = time.monotonic()
+    log.info("resolving %s (an embedded model is converted once into %s)", args.model, catalogue.cache_root())
+    model = await asyncio.to_thread(catalogue.resolve, getattr(args, "load_model", args.model), args.weights)
+    log.info("starting the vLLM engine on %s", model.path)
+    engine_task = asyncio.ensure_future(Engine.start(model, params))
+    stop_task = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({engine_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if not engine_task.done():
+        log.info("stopped while the engine was starting")
+        engine_task.cancel()
+        return 0
+    engine = engine_task.result()
+    state = home / STATE_FILE
+    try:
+        server, port = tls.new_server(tls_id, args.listen)
+        host = args.listen.rpartition(":")[0]
+        address = f"{host}:{port}"
+        generator = LocalGenerator(engine, keys.identity, params)
+        if args.dishonest:  # --- issue 7: claims --model whatever it really runs
+            from model_node import cheaters
+
+            engine.model = args.model
+            generator = cheaters.make_generator(args.dishonest, generator, args.model)
+            log.warning("DISHONEST node (%s): serving %s as %s", args.dishonest, args.load_model, args.model)
+        router = gossip = None
+        if args.forwarding:  # --- routing (issue 6): serve here or forward to a group peer
+            from model_node.forwarding import build_routing
+
+            router, gossip = build_routing(keys.identity, generator, args.capacity, _group_directory(args, home),
+                                           args.gossip_interval)
+        intake = None
+        if args.directory:  # --- overlay (issue 8): cloves in, reply cloves to proxies from this file
+            from model_node.intake_wiring import intake_from_directory_file
+
+            intake = intake_from_directory_file(keys, router or generator, args.directory)
+        service = ModelNodeService(generator, capacity=args.capacity, address=address, clove_intake=intake,
+                                   forwarder=router, gossip=gossip, generate_route=router)
+        rpc.add_ModelNodeServicer_to_server(service, server)
+        await server.start()
+        if gossip is not None:
+            gossip.start()
+        metrics_runner, metrics_url = await _serve_metrics(args.metrics, service)
+        _write_state(state, {
+            "metrics": metrics_url,
+            "address": address, "node_id": keys.identity.node_id_hex,
+            "public_key": keys.identity.public_key.hex(), "model": engine.model,
+            "cert_file": str(home / tls.CERT_FILE), "pid": os.getpid(), "capacity": args.capacity,
+            "engine_startup_s": round(engine.startup_s, 2), "ready_s": round(time.monotonic() - t0, 2),
+        })
+        log.info("serving %s on %s as node %s (ready in %.1f s)", engine.model, address,
+                 keys.identity.node_id_hex[:16], time.monotonic() - t0)
+        print(f"gt-model: serving {engine.model} on {address} node {keys.identity.node_id_hex}", flush=True)
+        await stop.wait()
+        log.info("shutting down")
+        state.unlink(missing_ok=True)
+        await server.stop(params.shutdown_grace_s)
+        if gossip is not None:
+            await gossip.close()
+        if intake is not None:
+            await intake.close()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+    finally:
+        state.unlink(missing_ok=True)
+        engine.shutdown()
+    log.info("stopped")
+    return 0
+
+
+def _group_directory(args, home: Path):
+    """--- routing (issue 6): where the group's members are listed (verified directory)."""
+    if args.committee:
+        from gentorrent.ledger.committee import CommitteeDirectory
+
+        return CommitteeDirectory.from_args(str(args.committee), home)
+    if args.directory:
+        from gentorrent.ledger.directory import StaticDirectory
+
+        return StaticDirectory(args.directory)
+    raise SystemExit("gt-model: --forwarding needs --directory FILE or --committee GENESIS")
+
+
+async def _serve_metrics(listen: str | None, service) -> tuple:
+    """--- Prometheus text (issue 8): load, served requests, prefix-cache counters."""
+    if not listen:
+        return None, ""
+    from aiohttp import web
+
+    from gentorrent.metrics import serve_app
+    from gentorrent.metrics_views import ModelNodeMetrics, metrics_route
+
+    view = ModelNodeMetrics()
+    app = web.Application()
+    app.router.add_routes([metrics_route(lambda: view.render(service.status_dict()))])
+    host = listen.rpartition(":")[0]
+    runner, port = await serve_app(app, host, int(listen.rpartition(":")[2]))
+    return runner, f"http://{host}:{port}/metrics"
+
+
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    """An orphaned node (its test run or devnet killed) must not serve on forever."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            log.info("parent process %d is gone: stopping", parent)
+            stop.set()
+        await asyncio.sleep(1.0)
+
+
+def _write_state(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def read_state(home: Path) -> dict:
+    """The running node's node.json; raises FileNotFoundError when no node runs there."""
+    return json.loads((Path(home) / STATE_FILE).read_text())
+
+
+async def _status(home: Path, timeout: float) -> int:
+    from gentorrent.crypto import tls
+    from gentorrent.wire import gentorrent_pb2 as pb
+    from gentorrent.wire import gentorrent_pb2_grpc as rpc
+
+    try:
+        state = read_state(home)
+    except (OSError, ValueError):
+        print(f"gt-model: no model node is running with home {home} (no {STATE_FILE})", file=sys.stderr)
+        return 1
+    try:
+        channel = await tls.connect(state["address"], Path(state["cert_file"]).read_bytes(), timeout=timeout)
+    except (OSError, tls.TlsError) as exc:
+        print(f"gt-model: node at {state['address']} does not answer: {exc}", file=sys.stderr)
+        return 1
+    try:
+        reply = await rpc.ModelNodeStub(channel).Status(pb.Empty(), timeout=timeout)
+    finally:
+        await channel.close()
+    print(json.dumps(json.loads(reply.json), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

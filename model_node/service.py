@@ -1,0 +1,238 @@
+"""The ModelNode gRPC service: generation, scoring, status, and the overlay's entry points.
+
+`LocalGenerator` is the one code path that turns a GenerateRequest into signed chunks on this
+node's engine; the Generate RPC, the clove intake (overlay) and the group forwarder (routing)
+all call it, so a reply looks and is signed the same whichever way the request came in.
+SubmitClove, Forward and Gossip are handled by objects injected into the servicer by the
+issues that own them; until one is given, its RPC answers UNIMPLEMENTED.
+
+Admission is bounded: beyond `max_running_requests + max_queued_requests` in flight, a
+request is refused at once with RESOURCE_EXHAUSTED "busy" rather than queued without end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Protocol
+
+import grpc
+
+from gentorrent.config import MODEL_NODE, ModelNodeParams
+from gentorrent.crypto.keys import Identity
+from gentorrent import generation, receipts
+from model_node.engine import Engine, EngineError
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+class BusyError(RuntimeError):
+    """The node is at its admission limit (gRPC RESOURCE_EXHAUSTED "busy")."""
+
+
+def status_code_of(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status a model-node error maps to."""
+    if isinstance(exc, generation.WrongModelError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, generation.BadRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, BusyError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, EngineError):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+class Admission:
+    """Counts requests in flight and refuses beyond the limit (no queue without end)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.inflight = 0
+        self.refused = 0
+
+    def __enter__(self) -> "Admission":
+        if self.inflight >= self.limit:
+            self.refused += 1
+            raise BusyError("busy")
+        self.inflight += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.inflight -= 1
+
+
+@dataclass
+class LocalGenerator:
+    """Serves GenerateRequests on this node's engine; every reply is signed.
+
+    Calling it yields pb.GenerateChunk messages: one per engine delta, the last one
+    `final` with the receipt. Bad requests raise (BadRequestError, BusyError, EngineError)
+    before the first chunk; `status_code_of` maps them to gRPC codes.
+    """
+
+    engine: Engine
+    identity: Identity
+    params: ModelNodeParams = MODEL_NODE
+    clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.params.max_running_requests + self.params.max_queued_requests)
+        self.served = 0
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+        job = generation.parse_generate(request, self.model, self.params)
+        prompt_ids = self.engine.encode(job.prompt)
+        self.engine.check_fits(prompt_ids)
+        served_by = self.identity.node_id_hex
+        final = None
+        with self.admission:  # the slot is freed as soon as the engine is done
+            out: list[int] = []
+            logprobs = 0 if request.return_logprobs else None
+            async for d in self.engine.generate(prompt_ids, job.sampling, request.request_id or None, logprobs):
+                out.extend(d.token_ids)
+                chunk = pb.GenerateChunk(text=d.text, token_ids=d.token_ids, served_by=served_by,
+                                         logprobs=d.logprobs)
+                if d.finished:
+                    final = chunk
+                    break
+                yield chunk
+        if final is None:
+            raise EngineError("the engine ended the request without a final output")
+        final.final = True
+        final.finish_reason = d.finish_reason
+        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, out, self.clock_ms()))
+        self.served += 1
+        yield final
+
+    async def score(self, request: pb.ScoreRequest) -> pb.ScoreReply:
+        job = generation.parse_score(request, self.model, self.params)
+        with self.admission:
+            result = await self.engine.score(job.prompt, job.text or None,
+                                             job.token_ids or None, job.top_k)
+        return pb.ScoreReply(
+            prompt_tokens=result.prompt_tokens, served_by=self.identity.node_id_hex,
+            tokens=[pb.TokenScore(token_id=t.token_id, logprob=t.logprob, rank=t.rank,
+                                  top_ids=[i for i, _ in t.top], top_logprobs=[lp for _, lp in t.top])
+                    for t in result.tokens],
+        )
+
+
+# --------------------------------------------------------------------------- injected parts
+
+
+class CloveHandler(Protocol):
+    async def submit(self, envelope: pb.CloveEnvelope) -> pb.Ack: ...
+
+
+class ForwardHandler(Protocol):
+    def forward(self, request: pb.ForwardRequest) -> AsyncIterator[pb.GenerateChunk]: ...
+
+
+class GossipHandler(Protocol):
+    async def gossip(self, message: pb.GossipMessage) -> pb.GossipReply: ...
+
+
+class ModelNodeService(rpc.ModelNodeServicer):
+    """gRPC face of a model node. Overlay/routing parts are injected (or set later)."""
+
+    def __init__(self, generator: LocalGenerator, capacity: int = MODEL_NODE.default_capacity,
+                 address: str = "", clove_intake: CloveHandler | None = None,
+                 forwarder: ForwardHandler | None = None, gossip: GossipHandler | None = None,
+                 generate_route: Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]] | None = None
+                 ) -> None:
+        self.generator = generator
+        self.capacity = capacity
+        self.address = address
+        self.clove_intake = clove_intake
+        self.forwarder = forwarder
+        self.gossip_handler = gossip
+        # what Generate runs: the local engine, or (routing, issue 5) a forwarding policy
+        self.generate_route = generate_route or generator
+        self.started = time.time()
+
+    @property
+    def engine(self) -> Engine:
+        return self.generator.engine
+
+    # ------------------------------------------------------------------ generation
+
+    async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateChunk]:
+        async for chunk in self._stream(self.generate_route(request), context):
+            yield chunk
+
+    async def Forward(self, request: pb.ForwardRequest, context):
+        if self.forwarder is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "forwarding is not enabled on this node")
+        async for chunk in self._stream(self.forwarder.forward(request), context):
+            yield chunk
+
+    async def _stream(self, chunks: AsyncIterator[pb.GenerateChunk], context):
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except (generation.BadRequestError, BusyError, EngineError) as exc:
+            await context.abort(status_code_of(exc), str(exc))
+
+    async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreReply:
+        try:
+            return await self.generator.score(request)
+        except (generation.BadRequestError, BusyError, EngineError) as exc:
+            await context.abort(status_code_of(exc), str(exc))
+
+    # ------------------------------------------------------------------ overlay
+
+    async def SubmitClove(self, request: pb.CloveEnvelope, context) -> pb.Ack:
+        if self.clove_intake is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "clove intake is not enabled on this node")
+        return await self.clove_intake.submit(request)
+
+    async def Gossip(self, request: pb.GossipMessage, context) -> pb.GossipReply:
+        if self.gossip_handler is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "gossip is not enabled on this node")
+        return await self.gossip_handler.gossip(request)
+
+    # ------------------------------------------------------------------ status
+
+    def load_report(self) -> pb.LoadReport:
+        load = self.engine.load()
+        return pb.LoadReport(active=load.active, queued=load.queued, kv_cache_usage=load.kv_cache_usage,
+                             capacity=self.capacity, prefix_queries=load.prefix_queries,
+                             prefix_hits=load.prefix_hits)
+
+    def status_dict(self) -> dict:
+        load = self.engine.load()
+        return {
+            "node_id": self.generator.identity.node_id_hex, "model": self.engine.model,
+            "address": self.address, "capacity": self.capacity, "version": VERSION,
+            "max_model_len": self.engine.max_model_len, "uptime_s": round(time.time() - self.started, 1),
+            "engine_startup_s": round(self.engine.startup_s, 1), "served": self.generator.served,
+            "refused_busy": self.generator.admission.refused,
+            "load": {"active": load.active, "queued": load.queued,
+                     "kv_cache_usage": round(load.kv_cache_usage, 4),
+                     "prefix_queries": load.prefix_queries, "prefix_hits": load.prefix_hits},
+            "overlay": {"clove_intake": self.clove_intake is not None,
+                        "forwarding": self.forwarder is not None, "gossip": self.gossip_handler is not None},
+            # --- routing (issue 6): forward rate, tree hit rate, prefix-cache hit rate, gossip
+            "routing": {**(self.forwarder.status() if hasattr(self.forwarder, "status") else {}),
+                        "gossip": (self.gossip_handler.status()
+                                   if hasattr(self.gossip_handler, "status") else {})},
+        }
+
+    async def Status(self, request: pb.Empty, context) -> pb.StatusReply:
+        return pb.StatusReply(node_id=self.generator.identity.node_id_hex, model=self.engine.model,
+                              load=self.load_report(), address=self.address,
+                              json=json.dumps(self.status_dict(), sort_keys=True))
+
+    async def Health(self, request: pb.Empty, context) -> pb.HealthReply:
+        return pb.HealthReply(node_id=self.generator.identity.node_id_hex, role="model",
+                              version=VERSION, serving=await self.engine.check_health())

@@ -1,0 +1,139 @@
+"""A verification committee with scripted model behaviour, for the epoch tests
+(tests/test_epochs_runner.py) and the epoch fault scenarios (testkit/scenarios/epochs.py).
+
+Real: 4 VerifierNodes (consensus over gRPC/TLS on loopback, WAL, private reveals), the epoch
+runner, the ABCI epoch rules and reputation, model-node keys and signed receipts. Scripted:
+the reference model's questions and token scores, and what each model node answers (the live
+test with vLLM and the overlay is tests/test_epochs_live.py). Epochs take seconds this way, so
+leader faults and model-node faults can be run many times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from gentorrent.config import EPOCH_RUN
+from gentorrent.crypto.keys import Identity
+from gentorrent.crypto.tls import make_self_signed
+from gentorrent import receipts
+from testkit.committee import free_base_port
+from gentorrent.wire import gentorrent_pb2 as pb
+from verifier import cli
+from gentorrent.ledger import txs
+from gentorrent.ledger.sections import decode_model
+from verifier.consensus.node import VerifierNode
+from verifier.epochs.runner import EpochRunner, LeaderFaults, ProbeAnswer, ProbeFailed
+from verifier.epochs.scoring import TokenScores
+
+#: fast epochs: greedy challenges, no pacing, challenges sent at once
+SCRIPTED_PARAMS = replace(EPOCH_RUN, challenge_temperature=0.0, poll_s=0.1, probe_timeout_s=10.0, epoch_pause_s=0.0,
+                          challenge_spread_s=0.0)
+HONEST_TOKENS = [5, 6, 7, 8, 9, 10]
+CHEAT_TOKENS = [900, 901, 902, 903]
+MODEL = "smollm2-135m"
+BEHAVIOURS = ("honest", "cheat", "down")
+
+
+class ScriptedReference:
+    """Questions from the meta-prompt's own words; honest tokens are the greedy choice."""
+
+    async def write(self, instruction: str, seed: int) -> str:
+        return f"What should I know about {instruction[27:90].strip()} (ref {seed % 97})?"
+
+    async def score(self, request, token_ids):
+        lps, ranks, tops = [], [], []
+        for t in token_ids:
+            honest = t in HONEST_TOKENS
+            lps.append(-0.05 if honest else -9.0)
+            ranks.append(1 if honest else 40)
+            tops.append({t if honest else HONEST_TOKENS[0]: -0.05, 3: -3.0})
+        return TokenScores(lps, ranks, tops)
+
+
+class ScriptedModels:
+    """Model nodes behind the prober: 'honest', 'cheat' (wrong tokens) or 'down' (no reply).
+    A node's behaviour may be changed while epochs run (`set`)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[Identity, str]] = {}
+        self.asked: list[str] = []
+        self.asked_at: list[float] = []
+
+    def add(self, behaviour: str) -> Identity:
+        ident = Identity.generate()
+        self.nodes[ident.node_id_hex] = (ident, behaviour)
+        return ident
+
+    def set(self, ident: Identity, behaviour: str) -> None:
+        if behaviour not in BEHAVIOURS:
+            raise ValueError(f"behaviour is one of {BEHAVIOURS}")
+        self.nodes[ident.node_id_hex] = (ident, behaviour)
+
+    async def ask(self, request: pb.GenerateRequest, node_id_hex: str) -> ProbeAnswer:
+        self.asked.append(node_id_hex)
+        self.asked_at.append(time.monotonic())
+        ident, behaviour = self.nodes[node_id_hex]
+        if behaviour == "down":
+            raise ProbeFailed("no reply within 1 s")
+        tokens = HONEST_TOKENS if behaviour == "honest" else CHEAT_TOKENS
+        receipt = receipts.make_receipt(ident, request.model, request, tokens, int(time.time() * 1000))
+        return ProbeAnswer(list(tokens), receipt)
+
+
+class EpochCommittee:
+    """Four in-process verifier nodes, each with its epoch runner over the scripted models."""
+
+    def __init__(self, root: Path, chain_id: str = "epochs-test") -> None:
+        with contextlib.redirect_stdout(io.StringIO()) as said:  # (a bench's stdout is its one JSON line)
+            code = cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(root),
+                             "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", chain_id])
+        if code != 0:
+            raise RuntimeError(f"gt-verifier init failed: {said.getvalue()[-500:]}")
+        self.homes = [Path(root) / f"v{i}" for i in range(4)]
+        self.nodes: list[VerifierNode] = []
+        self.runners: list[EpochRunner] = []
+
+    async def start(self, models: ScriptedModels, faults: LeaderFaults | None = None,
+                    params=SCRIPTED_PARAMS) -> None:
+        for home in self.homes:
+            node = VerifierNode(home)
+            await node.start()
+            self.nodes.append(node)
+        for node in self.nodes:
+            runner = EpochRunner(node.epoch_host(), ScriptedReference(), models, params, faults)
+            node.epochs = runner
+            runner.start()
+            self.runners.append(runner)
+
+    async def stop(self) -> None:
+        for node in self.nodes:
+            await node.stop()
+
+    async def submit(self, tx: bytes) -> None:
+        reply = await self.nodes[0].submit_tx(tx, forwarded=False)
+        if reply.code != 0:
+            raise RuntimeError(f"tx refused ({reply.code}): {reply.log}")
+
+    async def register(self, ident: Identity, port: int) -> None:
+        await self.submit(txs.register_model(ident, f"127.0.0.1:{port}", MODEL, 5, make_self_signed(ident).cert_pem, 1))
+
+    def section(self) -> pb.EpochsSection:
+        return pb.EpochsSection.FromString(self.nodes[0].app.query("/epochs").value)
+
+    def model(self, ident: Identity):
+        return decode_model(self.nodes[0].app.query(f"/model/{ident.node_id_hex}").value)
+
+    async def wait_epochs(self, closed: int, timeout: float = 90.0) -> pb.EpochsSection:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            sec = self.section()
+            if len(sec.history) >= closed:
+                return sec
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"only {len(self.section().history)} epochs closed; runner logs: "
+                             f"{[r.log[-6:] for r in self.runners]}")
