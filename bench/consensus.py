@@ -1,7 +1,7 @@
 """Embedded Tendermint committee throughput: prints ONE JSON line.
 
 Mode: 4 separate `gt-verifier` processes (RegistryApp on SQLite, WAL + fsync'd sign state)
-talking gRPC over TLS on 127.0.0.1, with CONSENSUS_FAST timeouts. Goal (DESIGN.md §6):
+talking gRPC over TLS on 127.0.0.1, with CONSENSUS_FAST timeouts. Goal (ARCHITECTURE.md §7):
 >= 20 heights/s.
 
 Phase 1, idle: heights per second over `--idle-s` seconds, and the block interval (time

@@ -1,10 +1,10 @@
-"""Sustained load on a loopback overlay (issue 10): N concurrent users ask for a fixed time.
+"""Sustained load on a loopback overlay: N concurrent users ask for a fixed time.
 
     .venv/bin/python bench/load.py                       # 8 users, 30 s, 8 relay processes
     .venv/bin/python bench/load.py --users 4 --seconds 10 --relays 6
 
 Phase 1 (sustained): relays are real `gt-user start` processes and the model node a real
-`python -m testkit.localnet echo-model` process (the echo engine: this measures the
+`python -m testkit.echo_model` process (the echo engine: this measures the
 overlay, not vLLM), all sharing one static directory on 127.0.0.1. `--askers` in-process user
 nodes run `--users` concurrent ask loops for `--seconds`. Reported: success rate, latency
 p50/p99, and the RSS of every relay and of the model node before and after (a leak or an
@@ -39,7 +39,8 @@ from gentorrent.config import CloveParams, OverlayParams  # noqa: E402
 from devnet.supervisor import Supervisor, python_module, wait_until  # noqa: E402
 from testkit.keyleaks import leak_report  # noqa: E402
 from user_client.asking import AskError  # noqa: E402
-from testkit.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes  # noqa: E402
+from testkit.echo_model import ECHO_PREFIX, EchoModelNode  # noqa: E402
+from testkit.localnet import start_user_nodes  # noqa: E402
 
 PARAMS = OverlayParams(first_reply_timeout_s=20.0, reply_idle_timeout_s=30.0, forward_timeout_s=8.0,
                        establish_timeout_s=8.0, maintenance_interval_s=2.0, build_attempts=12)
@@ -95,7 +96,7 @@ async def sustained(tmp: Path, relays: int, askers: int, users: int, seconds: fl
     nodes = []
     try:
         model_pid = await asyncio.to_thread(_spawn_and_wait, sup, "echo-model", python_module(
-            "testkit.localnet", "echo-model", "--home", str(tmp / "model"), "--directory", str(directory)))
+            "testkit.echo_model", "--home", str(tmp / "model"), "--directory", str(directory)))
         relay_pids = []
         for i in range(relays):  # one at a time: they all write the one static directory file
             home = tmp / f"relay{i}"

@@ -2,7 +2,7 @@
 
 Starts 12 relays (`gt-user start`, one process each), one model node process, and an asking
 user node in this process, all on 127.0.0.1 over pinned TLS. The model node is the echo
-stand-in (testkit.localnet: the real clove intake, keys and receipts; an engine that
+stand-in (testkit.echo_model: the real clove intake, keys and receipts; an engine that
 answers instantly), so the difference between the two latencies is the overlay's own cost:
 sealing, S-IDA, 4 hops each way per clove, reassembly, receipt check. Each pair of
 measurements (overlay, direct) uses the same prompt; their order alternates.
@@ -10,7 +10,7 @@ measurements (overlay, direct) uses the same prompt; their order alternates.
     .venv/bin/python bench/overlay.py [--asks 200] [--png bench/overlay_cdf.png]
 
 Prints one JSON line: p50/p99 of overlay, direct and overlay - direct, in ms (goal: <= 15 ms
-added at p50, DESIGN.md §6).
+added at p50, ARCHITECTURE.md §7).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def run(asks: int, png: str | None, raw: str | None = None) -> dict:
     directory_path = work / "directory.json"
     procs = []
     try:
-        model = _spawn(["-m", "testkit.localnet", "echo-model", "--home", str(work / "model"),
+        model = _spawn(["-m", "testkit.echo_model", "--home", str(work / "model"),
                         "--directory", str(directory_path)], work / "model.log")
         procs.append(model)
         model_info = json.loads(model.stdout.readline())

@@ -1,4 +1,4 @@
-"""Reliability results table (issue 10): runs fault scenarios, writes results/reliability.md
+"""Reliability results table: runs fault scenarios, writes results/reliability.md
 and prints ONE JSON line.
 
     .venv/bin/python bench/reliability.py                 # every registered scenario

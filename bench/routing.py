@@ -41,7 +41,8 @@ from gentorrent.crypto.keys import NodeKeys  # noqa: E402
 from devnet.supervisor import Supervisor, python_module, wait_until  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
-from gentorrent.ledger.directory import ModelRecord, StaticDirectory  # noqa: E402
+from gentorrent.ledger.directory import StaticDirectory  # noqa: E402
+from gentorrent.ledger.sections import ModelRecord  # noqa: E402
 
 MODEL = "smollm2-135m"
 WORDS = ("river stone cloud market engine silver garden letter window thunder paper orange "

@@ -1,4 +1,4 @@
-"""S-IDA split/combine latency at n=4, k=3 (DESIGN.md §6): prints ONE JSON line.
+"""S-IDA split/combine latency at n=4, k=3 (ARCHITECTURE.md §7): prints ONE JSON line.
 
 Goal: 1 KB <= 50 us p50 each, 100 KB <= 1 ms p50 each. combine() is given all n cloves
 in shuffled order (the usual case: the first k-window decodes).

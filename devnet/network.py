@@ -322,7 +322,7 @@ def _start_model_batch(sup: Supervisor, root: Path, plan: list, shape: DevnetPar
 
 
 def verifiers_run_epochs() -> bool:
-    """Whether this build's `gt-verifier start` can run verification epochs (issue 7)."""
+    """Whether this build's `gt-verifier start` can run verification epochs."""
     out = subprocess.run(python_module("verifier.cli", "start", "--help"), capture_output=True, text=True,
                          timeout=120)
     return "--epochs" in out.stdout
@@ -332,7 +332,8 @@ def _register_models(root: Path, genesis: Path, models: list[NodeInfo], progress
     """Into the overlay's directory file, and with the committee (a signed register_model tx)."""
     from gentorrent.crypto.keys import NodeKeys
     from gentorrent.crypto.tls import TlsIdentity
-    from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+    from gentorrent.ledger.directory import StaticDirectory
+    from gentorrent.ledger.sections import ModelRecord
     from gentorrent.ledger import txs
 
     directory = StaticDirectory(root / "directory.json")

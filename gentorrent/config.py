@@ -1,8 +1,8 @@
 """Every protocol parameter of GenTorrent, in one place.
 
-Defaults come from the paper and DESIGN.md; every module imports its constants from here so
+Defaults come from the paper and ARCHITECTURE.md; every module imports its constants from here so
 that a deployment (or a test) changes a number once. The dataclasses are frozen: a running
-node never mutates its parameters, it is given new ones. Per-node TOML files (issue 8) load
+node never mutates its parameters, it is given new ones. Per-node TOML files load
 into these classes; unknown keys are rejected by name there.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class WireLimits:
-    """Bounds checked *before* allocation (DESIGN.md §5)."""
+    """Bounds checked *before* allocation (ARCHITECTURE.md §5)."""
 
     max_message_bytes: int = 4 * 1024 * 1024  # gRPC receive/send limit of every channel
     max_clove_bytes: int = 1024 * 1024 + 4096  # one S-IDA clove on the wire
@@ -33,7 +33,7 @@ WIRE = WireLimits()
 
 @dataclass(frozen=True)
 class CloveParams:
-    """(n, k) S-IDA of DESIGN.md §3.3 and path length l of §3.2."""
+    """(n, k) S-IDA of ARCHITECTURE.md §3.3 and path length l of §3.2."""
 
     n: int = 4  # cloves per message = paths used per ask
     k: int = 3  # cloves needed to decode
@@ -50,7 +50,7 @@ CLOVES = CloveParams()
 
 @dataclass(frozen=True)
 class OverlayParams:
-    """Relay state bounds and the user/model-node timers of the anonymous overlay (issue 5)."""
+    """Relay state bounds and the user/model-node timers of the anonymous overlay."""
 
     max_paths: int = 20_000  # hop entries one relay holds
     max_paths_per_peer: int = 512  # hop entries created by one predecessor
@@ -76,7 +76,7 @@ OVERLAY = OverlayParams()
 
 @dataclass(frozen=True)
 class RoutingParams:
-    """HR-tree, Sentry, gossip and load balancing (DESIGN.md §3.4, paper §3.3, A2, A3)."""
+    """HR-tree, Sentry, gossip and load balancing (ARCHITECTURE.md §3.4, paper §3.3, A2, A3)."""
 
     hash_bits: int = 8  # bits per chunk hash (1..16)
     match_depth_threshold: int = 2  # tau_c: minimum matched depth to follow the tree
@@ -124,13 +124,13 @@ ROUTING = RoutingParams()
 
 @dataclass(frozen=True)
 class ReputationParams:
-    """R(T) = alpha R(T-1) + beta C(T), with the sliding-window punishment of DESIGN.md §3.5."""
+    """R(T) = alpha R(T-1) + beta C(T), with the sliding-window punishment of ARCHITECTURE.md §3.5."""
 
     alpha: float = 0.4
     beta: float = 0.6
     window: int = 5  # W
     gamma: float = 1 / 5
-    abnormal_threshold: float = 0.5  # tau, calibrated on honest sampling noise (issue 7)
+    abnormal_threshold: float = 0.5  # tau, calibrated on honest sampling noise
     untrusted_below: float = 0.4
     initial_reputation: float = 1.0
     sticky_untrusted: bool = False  # True: once untrusted, never trusted again (account review)
@@ -158,8 +158,8 @@ EPOCHS = EpochParams()
 
 @dataclass(frozen=True)
 class EpochRunParams:
-    """How verification epochs run in a live committee (issue 7 integration: verifier/abci/
-    epoch_rules.py applies the deadlines, verifier/epochs/runner.py drives the phases).
+    """How verification epochs run in a live committee (verifier/epochs/
+    rules.py applies the deadlines, verifier/epochs/runner.py drives the phases).
 
     Deadlines are measured in *block time* (the agreed header time), so every member closes a
     phase at the same height whatever its own clock says.
@@ -183,7 +183,7 @@ class EpochRunParams:
     probe_timeout_s: float = 300.0  # one challenge or own probe, end to end, in the runner
     # each challenge (and each member's own probe) leaves after its own uniform random delay in
     # [0, challenge_spread_s]: without it every probed model node gets its ask the moment the plan
-    # commits, which a node watching the public chain could match (DESIGN.md §3.5: challenges
+    # commits, which a node watching the public chain could match (ARCHITECTURE.md §3.5: challenges
     # must be indistinguishable from user asks in timing too). spread + probe_timeout_s must fit
     # in probe_timeout_ms (tests/test_epochs_runner.py checks it).
     challenge_spread_s: float = 120.0
@@ -246,7 +246,7 @@ class ConsensusTimeouts:
     max_rounds_ahead: int = 1000
     # A validator prevotes nil for a new proposal whose block time is more than this ahead of
     # its own clock (the PRECISION + MSGDELAY bound of CometBFT's proposer-based timestamps,
-    # upper side only). Block time drives the epochs' phase deadlines (verifier.abci.epoch_rules:
+    # upper side only). Block time drives the epochs' phase deadlines (verifier.epochs.rules:
     # a leader "posted no plan in time" once block time passes phase start + plan_timeout), so
     # one proposer with a fast clock could otherwise fast-forward them for everyone, and every
     # later block would have to follow its time. 10 s: well above NTP-synchronised skew
@@ -276,7 +276,7 @@ CONSENSUS_FAST = ConsensusTimeouts(
 
 @dataclass(frozen=True)
 class ModelNodeParams:
-    """A model node's engine and service limits (issue 3)."""
+    """A model node's engine and service limits."""
 
     min_capacity: int = 1
     max_capacity: int = 10
@@ -289,7 +289,7 @@ class ModelNodeParams:
     max_queued_requests: int = 64  # beyond running + this many a node answers "busy"
     max_model_len: int = 8192  # context cap (the model's own may be smaller)
     kv_cache_blocks: int = 0  # >0: cap vLLM's KV cache at this many blocks (routing bench)
-    # float32 on CPU: bf16 flips near-tied greedy choices of SmolLM2 (measured, issue 3) and
+    # float32 on CPU: bf16 flips near-tied greedy choices of SmolLM2 (measured) and
     # makes prompt_logprobs differ from decode logprobs by ~1e-2; "auto" (bf16) on GPUs.
     cpu_dtype: str = "float32"
     gpu_dtype: str = "auto"
@@ -327,12 +327,12 @@ class SimParams:
 
 SIMS = SimParams()
 
-# --------------------------------------------------------------------------- devnet (issue 8)
+# --------------------------------------------------------------------------- devnet
 
 
 @dataclass(frozen=True)
 class DevnetParams:
-    """Shape and patience of `gt-devnet up` (the issue asks for 4 / 2 + 1 / >= 12)."""
+    """Shape and patience of `gt-devnet up` (4 verifiers, 2 honest + 1 dishonest model nodes, >= 12 users)."""
 
     verifiers: int = 4
     honest_models: int = 2

@@ -70,7 +70,7 @@ class ModelNodeMetrics:
         m.load.labels(kind="capacity").set(status.get("capacity", 0))
         m.prefix_cache.labels(kind="queries").set(load.get("prefix_queries", 0))
         m.prefix_cache.labels(kind="hits").set(load.get("prefix_hits", 0))
-        routing = status.get("routing", {})  # issue 6: decisions by reason, and fallbacks
+        routing = status.get("routing", {})  # routing: decisions by reason, and fallbacks
         for decision, count in (routing.get("decisions") or {}).items():
             s.set_total(m.forwards, count, decision=decision)
         s.set_total(m.forwards, routing.get("fallbacks", 0), decision="fallback")

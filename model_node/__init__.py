@@ -1,10 +1,11 @@
-"""A model node: one whole LLM served by vLLM over gRPC/TLS (DESIGN.md §1, §3.4; issue 3).
+"""A model node: one whole LLM served by vLLM over gRPC/TLS (ARCHITECTURE.md §1, §3.4).
 
-- `catalogue`: model names -> weights on disk (embedded GGUFs converted once, HF ids never
-  downloaded at run time);
-- `engine`: the vLLM wrapper (streaming generation, one-pass scoring, load report);
-- `inputs`, `receipts`: pure request validation and signed reply receipts;
-- `service`: `LocalGenerator` (the one path that serves and signs a GenerateRequest; the
-  overlay's clove intake and the routing forwarder call it) and the ModelNode servicer;
-- `cli`: `gt-model serve | status | models`.
+catalogue   model names -> weights on disk (embedded GGUFs converted once, never downloaded)
+engine      the vLLM wrapper (streaming generation, one-pass scoring, load report)
+service     `LocalGenerator` (prepares a request once, serves and signs it) and the servicer
+intake      cloves in from the overlay, reply cloves out to the users' proxies
+forwarding  serve here or at the group peer holding the prefix (Algorithm 2)
+gossip      signed HR-tree deltas and load among the group's members
+cheaters, variants   dishonest nodes for the verification tests (`--dishonest KIND`)
+cli         `gt-model serve | status | models`
 """

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
-from gentorrent import generation, receipts
-from model_node.service import LocalGenerator
+from gentorrent import receipts
+from model_node.service import LocalGenerator, PreparedJob
 from gentorrent.wire import gentorrent_pb2 as pb
 
 KINDS = ("pruned", "noisy", "other-model", "random", "replay", "selective")
@@ -87,18 +87,18 @@ class BehaviourGenerator(LocalGenerator):
     _rng: random.Random = field(default_factory=lambda: random.Random(0), init=False)
     _last: tuple[str, list[int]] | None = field(default=None, init=False)
 
-    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
+        request = prepared.request
         if self.kind == "selective" and looks_like_challenge(request):
-            async for chunk in super().__call__(request):
+            async for chunk in super().serve(prepared):
                 yield chunk
             return
-        job = generation.parse_generate(request, self.model, self.params)
-        n = max(1, job.sampling.max_tokens)
+        n = max(1, prepared.job.sampling.max_tokens)
         key = receipts.request_prompt_hash(request).hex()
         if self.kind == "replay":
             if self._last is None or self._last[0] == key:  # nothing to replay yet: be honest once
                 out: list[int] = []
-                async for chunk in super().__call__(request):
+                async for chunk in super().serve(prepared):
                     out.extend(chunk.token_ids)
                     yield chunk
                 self._last = (key, out)
@@ -133,7 +133,8 @@ class RetokenisingGenerator(LocalGenerator):
             self._tokenizer = AutoTokenizer.from_pretrained(str(catalogue.resolve(self.claimed).path))
         return self._tokenizer
 
-    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
+        request = prepared.request
         text = []
         inner = pb.GenerateRequest()
         inner.CopyFrom(request)
@@ -141,7 +142,7 @@ class RetokenisingGenerator(LocalGenerator):
             # a base model (gemma3-270m here) has no chat template: the cheater flattens the chat
             inner.prompt = "".join(f"{m.role}: {m.content}\n" for m in inner.messages) + "assistant:"
             del inner.messages[:]
-        async for chunk in super().__call__(inner):  # signed by the honest path; re-signed below
+        async for chunk in super().serve(self.prepare(inner)):  # signed by the honest path; re-signed below
             text.append(chunk.text)
         tokens = list(self.claimed_tokenizer().encode("".join(text), add_special_tokens=False))[
             : max(1, request.sampling.max_tokens or self.params.default_max_tokens)] or [0]

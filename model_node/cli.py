@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("pruned", "noisy", "other-model", "random", "replay", "selective"),
                    help="TESTS AND BENCHMARKS ONLY: cheat while claiming --model "
                         "(model_node.cheaters: pruned, noisy, other-model, random, replay, selective)")
-    # --- routing (issue 6): the model group of --model, from the verified directory
+    # --- routing: the model group of --model, from the verified directory
     s.add_argument("--forwarding", action="store_true",
                    help="join the group of --model: gossip HR-tree deltas and load with its trusted nodes "
                         "(from --directory FILE or --committee GENESIS) and forward requests to the peer "
@@ -117,12 +117,12 @@ def _serve(args) -> int:
 
     home = (args.home or default_home()).resolve()
     args.load_model = args.model
-    if args.forwarding and not (args.directory or args.committee):  # --- routing (issue 6)
+    if args.forwarding and not (args.directory or args.committee):  # --- routing
         print("gt-model: --forwarding needs --directory FILE or --committee GENESIS (the group's roster)",
               file=sys.stderr)
         return 2
     try:
-        if args.dishonest:  # --- issue 7: a cheating node for the verification tests
+        if args.dishonest:  # a cheating node, for the verification tests
             from model_node import cheaters
 
             plan = cheaters.prepare(args.dishonest, args.model, args.weights)
@@ -190,23 +190,24 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
         host = args.listen.rpartition(":")[0]
         address = f"{host}:{port}"
         generator = LocalGenerator(engine, keys.identity, params)
-        if args.dishonest:  # --- issue 7: claims --model whatever it really runs
+        if args.dishonest:  # a cheating node claims --model whatever it really runs
             from model_node import cheaters
 
             engine.model = args.model
             generator = cheaters.make_generator(args.dishonest, generator, args.model)
             log.warning("DISHONEST node (%s): serving %s as %s", args.dishonest, args.load_model, args.model)
+        directory = _directory(args, home)  # who the proxies and the group's members are
         router = gossip = None
-        if args.forwarding:  # --- routing (issue 6): serve here or forward to a group peer
+        if args.forwarding:  # serve here or forward to a group peer (Algorithm 2)
             from model_node.forwarding import build_routing
 
-            router, gossip = build_routing(keys.identity, generator, args.capacity, _group_directory(args, home),
+            router, gossip = build_routing(keys.identity, generator, args.capacity, directory,
                                            args.gossip_interval)
         intake = None
-        if args.directory:  # --- overlay (issue 8): cloves in, reply cloves to proxies from this file
-            from model_node.intake_wiring import intake_from_directory_file
+        if directory is not None:  # the overlay: cloves in, reply cloves out to the users' proxies
+            from model_node.intake import CloveIntake
 
-            intake = intake_from_directory_file(keys, router or generator, args.directory)
+            intake = CloveIntake(keys.onion, router or generator, directory)
         service = ModelNodeService(generator, capacity=args.capacity, address=address, clove_intake=intake,
                                    forwarder=router, gossip=gossip, generate_route=router)
         rpc.add_ModelNodeServicer_to_server(service, server)
@@ -241,8 +242,9 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
     return 0
 
 
-def _group_directory(args, home: Path):
-    """--- routing (issue 6): where the group's members are listed (verified directory)."""
+def _directory(args, home: Path):
+    """The directory this node works from: the committee's (light-client checked) or a static
+    file (tests); None when neither is given (then it serves direct Generate calls only)."""
     if args.committee:
         from gentorrent.ledger.committee import CommitteeDirectory
 
@@ -251,11 +253,11 @@ def _group_directory(args, home: Path):
         from gentorrent.ledger.directory import StaticDirectory
 
         return StaticDirectory(args.directory)
-    raise SystemExit("gt-model: --forwarding needs --directory FILE or --committee GENESIS")
+    return None
 
 
 async def _serve_metrics(listen: str | None, service) -> tuple:
-    """--- Prometheus text (issue 8): load, served requests, prefix-cache counters."""
+    """--- Prometheus text: load, served requests, prefix-cache counters."""
     if not listen:
         return None, ""
     from aiohttp import web

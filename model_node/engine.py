@@ -100,7 +100,7 @@ def _stat_logger_factory(sink: LoadStats):
 
 
 @dataclass(frozen=True)
-class Delta:
+class EngineDelta:
     """New output of one generation step (streamed)."""
 
     text: str
@@ -206,19 +206,19 @@ class Engine:
 
     # ------------------------------------------------------------------ generation
 
-    async def generate(self, prompt: Prompt | Sequence[int], sampling: Sampling,
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling,
                        request_id: str | None = None, logprobs: int | None = None
-                       ) -> AsyncIterator[Delta]:
-        """Stream a completion as deltas; the last one has finished=True.
+                       ) -> AsyncIterator[EngineDelta]:
+        """Stream a completion of `prompt_ids` as deltas; the last one has finished=True.
 
-        max_tokens is clipped to what the context leaves after the prompt. Leaving the
-        iterator early (or cancelling) aborts the request inside vLLM.
+        The caller has checked the prompt once (`check_fits`, done by LocalGenerator.prepare);
+        it is not checked again here. max_tokens is clipped to what the context leaves after
+        the prompt. Leaving the iterator early (or cancelling) aborts the request inside vLLM.
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        ids = self.encode(prompt) if isinstance(prompt, Prompt) else list(prompt)
-        self.check_fits(ids)
+        ids = list(prompt_ids)
         sp = SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else 0, seed=sampling.seed,
@@ -231,7 +231,7 @@ class Engine:
             lps: tuple[float, ...] = ()
             if logprobs is not None and o.logprobs:
                 lps = tuple(pos[t].logprob for pos, t in zip(o.logprobs, o.token_ids))
-            yield Delta(o.text, tuple(o.token_ids), lps, out.finished,
+            yield EngineDelta(o.text, tuple(o.token_ids), lps, out.finished,
                         (o.finish_reason or "") if out.finished else "")
 
     async def _run(self, ids: list[int], sp, request_id: str | None):

@@ -24,7 +24,6 @@ import grpc
 
 from gentorrent.config import ROUTING, RoutingParams
 from gentorrent.crypto import tls
-from gentorrent import generation
 from model_node.engine import EngineError
 from model_node.service import LocalGenerator
 from gentorrent.channels import ChannelPool
@@ -75,9 +74,8 @@ class Router:
 
     async def _route(self, request: pb.GenerateRequest, hops: int) -> AsyncIterator[pb.GenerateChunk]:
         gen = self.generator
-        job = generation.parse_generate(request, gen.model, gen.params)  # bad input: raise, no state change
-        tokens = gen.engine.encode(job.prompt)
-        gen.engine.check_fits(tokens)
+        prepared = gen.prepare(request)  # bad input: raise, no state change
+        tokens = list(prepared.prompt_ids)
         decision = self.group.decide(tokens, hops, self.clock(), self.local_load())
         if decision.forward:
             peer = self.peers(decision.node_id)
@@ -95,7 +93,7 @@ class Router:
                     await self.channels.forget(peer.address)
             self.group.forward_failed(tokens, decision.node_id, self.clock())
         t0 = self.clock()
-        async for chunk in gen(request):
+        async for chunk in gen.serve(prepared):
             yield chunk
         self.latency_s += _LATENCY_EWMA * ((self.clock() - t0) - self.latency_s)
 

@@ -1,4 +1,4 @@
-"""The model node's clove intake (DESIGN.md §3.3): cloves in, reply cloves out.
+"""The model node's clove intake (ARCHITECTURE.md §3.3): cloves in, reply cloves out.
 
 Plugs into the ModelNode gRPC servicer: its SubmitClove handler is `intake.submit`. Each
 sealed clove is opened with the node's X25519 onion key (the model node, not a relay, does
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Callable
 
 import grpc
 
@@ -23,13 +23,13 @@ from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, WIRE, CloveParams, Ov
 from gentorrent.crypto import sida
 from gentorrent.crypto.keys import OnionKey
 from gentorrent.overlay import sealing
-from gentorrent.channels import CertLookup, ChannelPool
+from gentorrent.channels import ChannelPool
+from gentorrent.ledger.directory import Directory, DirectoryIndex
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
-#: error prefix of a reply chunk refusing a query because the node is at capacity
 log = logging.getLogger(__name__)
 
 #: reply cloves in flight on one route at a time
@@ -44,27 +44,26 @@ class CloveIntake:
         self,
         onion_key: OnionKey,
         generate: GenerateFn,
-        proxy_certs: CertLookup,
-        channels: ChannelPool,
+        directory: Directory,
+        channels: ChannelPool | None = None,
         cloves: CloveParams = CLOVES,
         params: OverlayParams = OVERLAY,
         max_active: int = MODEL_NODE.max_queued_requests,
         clock: Callable[[], float] = time.monotonic,
-        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """`proxy_certs` maps a proxy (user node) address to its registered certificate;
-        `refresh`, if given, reloads what it reads from, and is called (at most once a second)
-        when a query names a proxy it does not know yet: a user who just registered."""
+        """Proxies are user nodes: their pinned certificates come from `directory` (the
+        committee's, or a static file in tests). It is refreshed (at most once a second) when
+        a query names a proxy it does not list yet: a user who just registered."""
         self.onion_key = onion_key
         self.generate = generate
-        self.proxy_certs = proxy_certs
-        self.channels = channels
+        self.directory = directory
+        self.proxies = DirectoryIndex(directory)
+        self.channels = channels or ChannelPool()
         self.params = params
         self.max_active = max_active
         self.clock = clock
         self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
                                   max_cloves=params.max_routes, n=cloves.n)
-        self.refresh = refresh
         self._last_refresh = float("-inf")
         self.drops = DropCounter()
         self.served = 0
@@ -161,14 +160,15 @@ class CloveIntake:
         return tasks
 
     async def _known_proxy(self, address: str) -> bytes | None:
-        cert = self.proxy_certs(address)
-        if cert is None and self.refresh is not None and self.clock() - self._last_refresh >= 1.0:
+        cert = self.proxies.relay_cert(address)
+        if cert is None and self.clock() - self._last_refresh >= 1.0:
             self._last_refresh = self.clock()
             try:
-                await self.refresh()
+                await self.directory.refresh()
+                self.proxies.rebuild()
             except Exception as exc:  # the directory is unreachable: drop, counted below
                 log.info("directory refresh failed: %s", exc)
-            cert = self.proxy_certs(address)
+            cert = self.proxies.relay_cert(address)
         return cert
 
     async def _send_clove(self, route: pb.ReplyRoute, blob: bytes) -> None:

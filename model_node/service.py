@@ -67,6 +67,16 @@ class Admission:
         self.inflight -= 1
 
 
+@dataclass(frozen=True)
+class PreparedJob:
+    """A GenerateRequest checked and tokenized once (`LocalGenerator.prepare`): routing decides
+    on these token ids and serving runs them, so neither parses or checks the request again."""
+
+    request: pb.GenerateRequest
+    job: generation.GenerateJob
+    prompt_ids: tuple[int, ...]
+
+
 @dataclass
 class LocalGenerator:
     """Serves GenerateRequests on this node's engine; every reply is signed.
@@ -89,16 +99,27 @@ class LocalGenerator:
     def model(self) -> str:
         return self.engine.model
 
-    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+    def prepare(self, request: pb.GenerateRequest) -> PreparedJob:
+        """Check and tokenize a request once; bad input raises here, before any state changes."""
         job = generation.parse_generate(request, self.model, self.params)
         prompt_ids = self.engine.encode(job.prompt)
         self.engine.check_fits(prompt_ids)
+        return PreparedJob(request, job, tuple(prompt_ids))
+
+    async def __call__(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+        async for chunk in self.serve(self.prepare(request)):
+            yield chunk
+
+    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
+        """Run a prepared job on the engine and sign the reply (variants override this)."""
+        request = prepared.request
         served_by = self.identity.node_id_hex
         final = None
         with self.admission:  # the slot is freed as soon as the engine is done
             out: list[int] = []
             logprobs = 0 if request.return_logprobs else None
-            async for d in self.engine.generate(prompt_ids, job.sampling, request.request_id or None, logprobs):
+            async for d in self.engine.generate(prepared.prompt_ids, prepared.job.sampling,
+                                                request.request_id or None, logprobs):
                 out.extend(d.token_ids)
                 chunk = pb.GenerateChunk(text=d.text, token_ids=d.token_ids, served_by=served_by,
                                          logprobs=d.logprobs)
@@ -156,7 +177,7 @@ class ModelNodeService(rpc.ModelNodeServicer):
         self.clove_intake = clove_intake
         self.forwarder = forwarder
         self.gossip_handler = gossip
-        # what Generate runs: the local engine, or (routing, issue 5) a forwarding policy
+        # what Generate runs: the local engine, or (routing) a forwarding policy
         self.generate_route = generate_route or generator
         self.started = time.time()
 
@@ -222,7 +243,7 @@ class ModelNodeService(rpc.ModelNodeServicer):
                      "prefix_queries": load.prefix_queries, "prefix_hits": load.prefix_hits},
             "overlay": {"clove_intake": self.clove_intake is not None,
                         "forwarding": self.forwarder is not None, "gossip": self.gossip_handler is not None},
-            # --- routing (issue 6): forward rate, tree hit rate, prefix-cache hit rate, gossip
+            # --- routing: forward rate, tree hit rate, prefix-cache hit rate, gossip
             "routing": {**(self.forwarder.status() if hasattr(self.forwarder, "status") else {}),
                         "gossip": (self.gossip_handler.status()
                                    if hasattr(self.gossip_handler, "status") else {})},

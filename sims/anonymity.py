@@ -29,7 +29,7 @@ What colluders can link decides which chains they reason about together (a *view
   IDs on different paths: colluders link chains on one path, never across paths. Each path is
   a view; the message's anonymity is the mean over its n paths (what an attacker can say about
   the source of a clove it holds).
-* ``gentorrent_per_hop``: ours (DESIGN.md §3.2): a fresh link ID per hop, so two colluders on
+* ``gentorrent_per_hop``: ours (ARCHITECTURE.md §3.2): a fresh link ID per hop, so two colluders on
   one path link only when adjacent. Each chain is its own view (with ``--count observed`` the
   attacker counts only that chain's relays); a path's anonymity is the mean over its chains.
 

@@ -14,7 +14,7 @@ user can send it and decode the reply: at least k of its n paths are alive at t 
 * ``garlic_cast``: n cloves over random walks of ``SIMS.garlic_walk_hops`` hops, any k decode;
   the walks (proxies) are found once.
 * ``gentorrent_static``: the paper's Fig. 14 setting, n paths of l relays, k of n, no new proxies.
-* ``gentorrent_repair``: ours (DESIGN.md §3.2): a path whose relay left is rebuilt from the
+* ``gentorrent_repair``: ours (ARCHITECTURE.md §3.2): a path whose relay left is rebuilt from the
   online users as soon as the user learns of it, ``SIMS.repair_detect_s`` after the relay left
   (its neighbour sees the stream drop and the user rebuilds; before that, the user may still
   send on the dead path), and every path is renewed every ``CLOVES.path_renewal_s``. Spare

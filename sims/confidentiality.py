@@ -17,7 +17,7 @@ from the N - 1 other users (with replacement; round(fN) of them are malicious); 
 
 Systems: ``garlic_cast`` (n random walks of ``SIMS.garlic_walk_hops`` hops), ``gentorrent``
 (the paper: n paths of l relays, the payload is the plaintext), and ``gentorrent_sealed`` (ours,
-DESIGN.md §3.3: the message is sealed to the model node's X25519 key before S-IDA, so the
+ARCHITECTURE.md §3.3: the message is sealed to the model node's X25519 key before S-IDA, so the
 payload the relays can rebuild is ciphertext; the content falls only if the model node
 colludes too, and this figure assumes it does not: a model node reads the prompt by design).
 The reply travels the same paths, so its exposure is the same as the query's.

@@ -1,7 +1,7 @@
 """A serving-cost model of one model node for the routing simulator.
 
 The GPU profiles below are documented estimates (the CPU one is measured), kept in one
-dataclass so they can be replaced by measured numbers (issue 6's bench/routing.py measures
+dataclass so they can be replaced by measured numbers (bench/routing.py measures
 prefill seconds per uncached token and decode seconds per step on the real vLLM nodes):
 
 - `a100-8b`  Llama-3-8B (bf16) on one A100-80GB with vLLM: prefill ~10k tokens/s, a decode

@@ -1,4 +1,4 @@
-"""Finding a node's secret key material in logs (issue 10: "no secret key material in logs").
+"""Finding a node's secret key material in logs (reliability: "no secret key material in logs").
 
 Every node home -- user/relay (gt-user), model node, verifier -- keeps its private keys in
 the same files: the Ed25519 identity and X25519 onion key (gentorrent.crypto.keys.NodeKeys)

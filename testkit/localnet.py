@@ -1,40 +1,17 @@
-"""A small overlay on 127.0.0.1, for tests, benchmarks and the demo.
+"""A small overlay of user nodes on 127.0.0.1, for tests and benchmarks.
 
 `start_user_nodes` starts user nodes (real Relay servers over pinned TLS) sharing one static
-directory. `EchoModelNode` is a stand-in model node: a real ModelNode gRPC server with the
-real clove intake, whose "engine" echoes the prompt back, signs real receipts, and can be told
-to stall (to kill relays while a request is in flight) or to stream slowly in several chunks
-(to kill or pause the model node itself mid-stream); misbehaving variants for fault drills
-are in testkit.model_drills (`echo-model --misbehave KIND`). It exists to measure
-and test the overlay alone; the real model node (model_node) plugs the same intake
-into vLLM.
+directory file; the stand-in model node that answers them is testkit.echo_model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
-from typing import AsyncIterator
 
-from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
-from gentorrent.crypto import tls
-from gentorrent.crypto.keys import NodeKeys
-from gentorrent import receipts
-from gentorrent.channels import ChannelPool
-from model_node.intake import CloveIntake
-from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.directory import DirectoryIndex, ModelRecord, StaticDirectory
+from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
+from gentorrent.ledger.directory import StaticDirectory
 from user_client.node import UserNode
-
-ECHO_PREFIX = "echo: "
-
-
-def prompt_text(request: pb.GenerateRequest) -> str:
-    if request.messages:
-        return "\n".join(f"{m.role}: {m.content}" for m in request.messages)
-    return request.prompt
 
 
 async def start_user_nodes(count: int, directory_path: Path, base_dir: Path, region: str = "default",
@@ -50,143 +27,3 @@ async def start_user_nodes(count: int, directory_path: Path, base_dir: Path, reg
     if build_paths:
         await asyncio.gather(*(n.paths.fill() for n in nodes))
     return nodes
-
-
-class EchoModelNode(rpc.ModelNodeServicer):
-    """A ModelNode server whose engine echoes; real keys, TLS, receipts and clove intake."""
-
-    def __init__(self, home: Path, directory_path: Path, model: str = MODEL_NODE.default_model,
-                 chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
-                 chunk_delay_s: float = 0.0) -> None:
-        self.home = Path(home)
-        self.directory = StaticDirectory(directory_path)
-        self.model = model
-        self.chunks = chunks
-        self.chunk_delay_s = chunk_delay_s  # pause before every chunk after the first
-        self.keys = NodeKeys.load_or_create(self.home)
-        self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
-        self.channels = ChannelPool()
-        self.index = DirectoryIndex(self.directory)
-        self.intake = CloveIntake(self.keys.onion, self.generate, self.index.relay_cert, self.channels, cloves,
-                                  params, refresh=self.refresh_directory)
-        self.gate: asyncio.Event | None = None  # when set to an Event, generation waits for it
-        self.received = asyncio.Event()  # set when a query was decoded
-        self.prompts: list[str] = []
-        self.address = ""
-        self._server = None
-
-    async def refresh_directory(self) -> None:
-        await self.directory.refresh()
-        self.index.rebuild()
-
-    @property
-    def record(self) -> ModelRecord:
-        return ModelRecord(self.keys.identity.node_id, self.keys.identity.public_key, self.address,
-                           self.model, self.keys.onion.public_key, self.tls.cert_pem)
-
-    async def start(self) -> None:
-        server, port = tls.new_server(self.tls, "127.0.0.1:0")
-        rpc.add_ModelNodeServicer_to_server(self, server)
-        await server.start()
-        self._server = server
-        self.address = f"127.0.0.1:{port}"
-        self.directory.add_model(self.record)
-        self.index.rebuild()
-
-    async def stop(self) -> None:
-        await self.intake.close()
-        if self._server is not None:
-            await self._server.stop(None)
-        await self.channels.close()
-
-    # the engine stand-in ------------------------------------------------------
-
-    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
-        text = prompt_text(request)
-        self.prompts.append(text)
-        self.received.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        answer = ECHO_PREFIX + text
-        step = -(-len(answer) // max(1, self.chunks))
-        pieces = [answer[i:i + step] for i in range(0, len(answer), step)] or [""]
-        for i, piece in enumerate(pieces):
-            if i and self.chunk_delay_s:
-                await asyncio.sleep(self.chunk_delay_s)
-            final = i == len(pieces) - 1
-            chunk = pb.GenerateChunk(text=piece, token_ids=list(piece.encode()), final=final,
-                                     served_by=self.keys.identity.node_id_hex)
-            if final:
-                chunk.finish_reason = "stop"
-                chunk.receipt.CopyFrom(receipts.make_receipt(
-                    self.keys.identity, self.model, request, list(answer.encode()), int(time.time() * 1000)))
-            yield chunk
-
-    # gRPC ----------------------------------------------------------------------
-
-    async def SubmitClove(self, request: pb.CloveEnvelope, context) -> pb.Ack:
-        return await self.intake.submit(request)
-
-    async def Generate(self, request: pb.GenerateRequest, context):
-        async for chunk in self.generate(request):
-            yield chunk
-
-    async def Health(self, request, context) -> pb.HealthReply:
-        return pb.HealthReply(node_id=self.keys.identity.node_id_hex, role="model", serving=True)
-
-
-def home_config(home: Path) -> dict:
-    """{"cloves", "params"} from the home's [cloves] and [overlay], read as gt-user reads its
-    own: the node must decode with its askers' k."""
-    from gentorrent import settings
-
-    conf = settings.load_home(home, settings.USER_SECTIONS)
-    return {"cloves": conf["cloves"], "params": conf["overlay"]}
-
-
-async def _serve_echo(home: Path, directory: Path, chunks: int, chunk_delay_s: float = 0.0,
-                      admit: int | None = None, misbehave: str | None = None) -> None:
-    import json
-    import signal
-
-    if misbehave:  # a fault drill: never part of an honest node
-        from testkit.model_drills import MisbehavingEchoModelNode
-
-        model: EchoModelNode = MisbehavingEchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
-                                                        misbehave=misbehave, **home_config(home))
-    else:
-        model = EchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s, **home_config(home))
-    if admit is not None:
-        model.intake.max_active = admit
-    await model.start()
-    print(json.dumps({"address": model.address, "node_id": model.record.node_id_hex}), flush=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await model.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m testkit.localnet echo-model --home DIR --directory FILE`: a stand-in model node."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m testkit.localnet")
-    ap.add_argument("command", choices=["echo-model"])
-    ap.add_argument("--home", required=True)
-    ap.add_argument("--directory", required=True)
-    ap.add_argument("--chunks", type=int, default=1, help="stream each answer in this many chunks")
-    ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="pause before every chunk after the first")
-    ap.add_argument("--admit", type=int, default=None,
-                    help="queries served at a time; more are refused as busy (0: refuse every query)")
-    ap.add_argument("--misbehave", default=None, choices=("garbage", "bad-signature"),
-                    help="FAULT DRILLS ONLY (testkit.model_drills): garbage = undecodable reply "
-                         "messages in valid cloves; bad-signature = right answer, receipt signature broken")
-    args = ap.parse_args(argv)
-    asyncio.run(_serve_echo(Path(args.home), Path(args.directory), args.chunks, args.chunk_delay_s,
-                            args.admit, args.misbehave))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

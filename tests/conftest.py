@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# --------------------------------------------------------------------------- model node (issue 3)
+# --------------------------------------------------------------------------- model node
 # ONE real `gt-model serve --model smollm2-135m` process for the whole session: every test file
 # that needs a model node asks for `model_node` instead of starting its own engine (engines take
 # tens of seconds to start on 2 cores). Read `address` / `cert_pem` / `public_key` when you use

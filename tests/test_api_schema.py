@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 
 from gentorrent.config import CloveParams, OverlayParams
-from testkit.localnet import EchoModelNode, start_user_nodes
+from testkit.echo_model import EchoModelNode
+from testkit.localnet import start_user_nodes
 from user_client.openai_api import ApiServer
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]

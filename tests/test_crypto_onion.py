@@ -1,4 +1,4 @@
-"""Property tests of the onion codec and the clove layers (issue 2, item 6)."""
+"""Property tests of the onion codec and the clove layers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property tests of the S-IDA codec (issue 2, item 5)."""
+"""Property tests of the S-IDA codec."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gentorrent.crypto.keys import Identity
 from gentorrent import receipts
 from model_node import cheaters
-from model_node.engine import Delta
+from model_node.engine import EngineDelta
 from model_node.service import LocalGenerator
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.probe_format import challenge_request
@@ -34,7 +34,7 @@ class ScriptedEngine:
         return " ".join(map(str, ids))
 
     async def generate(self, ids, sampling, request_id=None, logprobs=None):
-        yield Delta("honest", (7, 8, 9), (), True, "stop")
+        yield EngineDelta("honest", (7, 8, 9), (), True, "stop")
 
 
 async def _reply(gen, request) -> pb.GenerateChunk:

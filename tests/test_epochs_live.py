@@ -3,7 +3,7 @@ gRPC/TLS), real vLLM model nodes (the session's honest SmolLM2 node and a pruned
 claims to be SmolLM2, started here with `gt-model serve --dishonest pruned`), challenges asked
 through the real anonymous overlay by each verifier's own user node, scored by the reference
 model in one teacher-forced pass. Three more nodes registered as SmolLM2 are stand-ins in
-processes of their own (`python -m testkit.localnet echo-model`, real keys, TLS, clove
+processes of their own (`python -m testkit.echo_model`, real keys, TLS, clove
 intake and signed receipts): one is SIGSTOPped once registered (hung: the leader reports it
 missing, the other members' own probes fail too, the committee punishes it; killed once
 untrusted, so that later probes of it fail at once), one answers every challenge with an echo
@@ -38,10 +38,11 @@ from devnet.supervisor import Supervisor, python_module, wait_until
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from test_user_model import CLOVES, PATIENT, _IntakeFront
-from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import StaticDirectory
+from gentorrent.ledger.sections import ModelRecord
 from testkit.localnet import start_user_nodes
 from verifier import cli
-from verifier.abci import epoch_rules as rules
+from verifier.epochs import rules
 from gentorrent.ledger import txs
 from gentorrent.ledger.sections import decode_model
 from verifier.consensus.node import VerifierNode
@@ -127,7 +128,7 @@ class EchoNodes:
     def start(self, nodes: dict[str, tuple[str, ...]]) -> None:
         """`nodes`: name -> extra echo-model arguments."""
         for name, extra in nodes.items():
-            self.sup.spawn(name, python_module("testkit.localnet", "echo-model", "--home", str(self.root / name),
+            self.sup.spawn(name, python_module("testkit.echo_model", "--home", str(self.root / name),
                                                "--directory", str(self.directory_path), *extra))
         for name in nodes:
             wait_until(lambda: self._announced(name) is not None, 120, f"echo model node {name} to start")
@@ -170,10 +171,10 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
     server, port = tls.new_server(front.tls, "127.0.0.1:0")
     rpc.add_ModelNodeServicer_to_server(front, server)
     await server.start()
-    directory.add_model(ModelRecord(model_node.node_id, model_node.public_key, f"127.0.0.1:{port}", MODEL,
+    directory.add_model(ModelRecord(bytes.fromhex(model_node.node_id), model_node.public_key, f"127.0.0.1:{port}", MODEL,
                                     front.keys.onion.public_key, front.tls.cert_pem))
     pruned_keys = NodeKeys.load_or_create(pruned.home)
-    directory.add_model(ModelRecord(pruned.node_id, pruned.public_key, pruned.address, MODEL,
+    directory.add_model(ModelRecord(bytes.fromhex(pruned.node_id), pruned.public_key, pruned.address, MODEL,
                                     pruned_keys.onion.public_key, pruned.cert_pem))
     relays = await start_user_nodes(9, directory_path, tmp_path, cloves=CLOVES, params=PATIENT, maintain=False)
     faults = LeaderFaults()

@@ -1,4 +1,4 @@
-"""Reputation math of DESIGN.md §3.5 on hand-computed sequences, and detection behaviour."""
+"""Reputation math of ARCHITECTURE.md §3.5 on hand-computed sequences, and detection behaviour."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from gentorrent.config import EPOCH_RUN, REPUTATION
 from testkit.epochs import SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier import cli
-from verifier.abci import epoch_rules as rules
+from verifier.epochs import rules
 from verifier.epochs.runner import LeaderFaults
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]

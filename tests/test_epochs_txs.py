@@ -10,7 +10,7 @@ from gentorrent.crypto.keys import Identity
 from gentorrent.crypto.tls import make_self_signed
 from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.abci import epoch_rules as rules
+from verifier.epochs import rules
 from gentorrent.ledger import epoch_txs, txs
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo

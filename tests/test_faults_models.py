@@ -1,4 +1,4 @@
-"""Model-node faults on real processes (two `python -m testkit.localnet echo-model`
+"""Model-node faults on real processes (two `python -m testkit.echo_model`
 processes serving one model; in-process user nodes relay and ask): the node listed first is
 killed mid-stream, paused, answers garbage, answers with a broken receipt signature, or
 refuses as busy. Every ask ends with the right answer from the healthy node or a clear error;
@@ -16,7 +16,7 @@ import pytest
 from gentorrent.config import OverlayParams
 from testkit import scenarios
 from user_client.asking import UNDECODABLE_REPLY, Asker
-from gentorrent.ledger.directory import ModelRecord
+from gentorrent.ledger.sections import ModelRecord
 
 #: the reason the user gives up on the victim, per fault (attempt["reason"]: attempt["detail"])
 VICTIM_FAILS_WITH = {"kill-mid-stream": "no_answer", "hang": "no_answer", "garbage": f"bad_reply: model node error: "

@@ -155,7 +155,8 @@ async def test_an_ask_with_fewer_than_n_paths_fails_at_once(tmp_path):
     split the query m ways, which the model node never decodes (it expects n-way cloves), and
     the user waited out the whole reply timeout (60 s by default). Now: a clear error at once."""
     from user_client.asking import AskError
-    from testkit.localnet import EchoModelNode, start_user_nodes
+    from testkit.echo_model import EchoModelNode
+    from testkit.localnet import start_user_nodes
 
     cloves, params = scenarios.scenario_params()
     directory = tmp_path / "directory.json"

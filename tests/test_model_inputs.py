@@ -15,7 +15,7 @@ from gentorrent.config import MODEL_NODE, WIRE, ModelNodeParams
 from gentorrent.crypto.keys import Identity
 from gentorrent import generation, receipts
 from model_node import catalogue
-from model_node.engine import Delta
+from model_node.engine import EngineDelta
 from model_node.service import Admission, BusyError, LocalGenerator, status_code_of
 from gentorrent.wire import gentorrent_pb2 as pb
 
@@ -151,9 +151,9 @@ class _SlowEngine:
         pass
 
     async def generate(self, ids, sampling, request_id=None, logprobs=None):
-        yield Delta("a", (7,))
+        yield EngineDelta("a", (7,))
         await self.release.wait()
-        yield Delta("b", (8,), finished=True, finish_reason="stop")
+        yield EngineDelta("b", (8,), finished=True, finish_reason="stop")
 
 
 async def test_generator_answers_busy_beyond_running_plus_queued_and_signs_replies():

@@ -16,7 +16,8 @@ from gentorrent.overlay import sealing
 from gentorrent.overlay.pathtable import Drop, DropReason, HopEntry, PathTable, ReplayFilter
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.directory import UserRecord
+from gentorrent.ledger.directory import StaticDirectory
+from gentorrent.ledger.sections import UserRecord
 from user_client.paths import NotEnoughRelays, PathPool, ProxyPath, choose_relays
 
 
@@ -189,7 +190,7 @@ def _longest_common(a: bytes, b: bytes) -> int:
     return 9 if any(b[i:i + 9] in grams for i in range(len(b) - 8)) else 8
 
 
-async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query():
+async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query(tmp_path):
     from gentorrent.channels import ChannelPool
     from model_node.intake import CloveIntake
 
@@ -201,7 +202,7 @@ async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query():
             yield None
 
     model = OnionKey.generate()
-    intake = CloveIntake(model, generate, lambda address: None, ChannelPool())
+    intake = CloveIntake(model, generate, StaticDirectory(tmp_path / "none.json"), ChannelPool())
     query = pb.OverlayQuery(request=pb.GenerateRequest(model="m", prompt="hello"), reply_key=b"r" * 32, k=3,
                             routes=[pb.ReplyRoute(proxy_address=f"127.0.0.1:{i}", link_id=b"l" * 16)
                                     for i in range(4)])

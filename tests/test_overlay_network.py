@@ -17,7 +17,8 @@ from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import AskError
-from testkit.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes
+from testkit.echo_model import ECHO_PREFIX, EchoModelNode
+from testkit.localnet import start_user_nodes
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 

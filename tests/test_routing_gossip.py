@@ -20,7 +20,8 @@ from gentorrent.routing.group import GroupRouting, LocalLoad
 from gentorrent.routing.policy import Reason
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import StaticDirectory
+from gentorrent.ledger.sections import ModelRecord
 
 MODEL = "smollm2-135m"
 PARAMS = replace(ROUTING, directory_refresh_s=0.0, gossip_rpc_timeout_s=5.0)

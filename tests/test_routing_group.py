@@ -20,7 +20,8 @@ from conftest import ModelNodeProcess
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import StaticDirectory
+from gentorrent.ledger.sections import ModelRecord
 
 MODEL = "smollm2-135m"
 GOSSIP_INTERVAL_S = 1.0

@@ -20,7 +20,8 @@ from devnet.supervisor import Supervisor, python_module, wait_until
 from testkit.keyleaks import home_secrets, scan_for_secrets
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from testkit.localnet import ECHO_PREFIX, start_user_nodes
+from testkit.echo_model import ECHO_PREFIX
+from testkit.localnet import start_user_nodes
 from user_client.node import UserNode
 from gentorrent.ledger.directory import StaticDirectory
 
@@ -99,7 +100,7 @@ async def test_no_private_key_material_in_the_logs_of_real_processes(tmp_path):
     directory = tmp_path / "directory.json"
     sup = Supervisor(tmp_path / "procs")
     home = tmp_path / "model"
-    sup.spawn("echo-model", python_module("testkit.localnet", "echo-model", "--home", str(home),
+    sup.spawn("echo-model", python_module("testkit.echo_model", "--home", str(home),
                                           "--directory", str(directory)),
               env={"GRPC_VERBOSITY": "DEBUG", "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
     nodes = []

@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from gentorrent.config import CloveParams, OverlayParams
-from testkit.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes
+from testkit.echo_model import ECHO_PREFIX, EchoModelNode
+from testkit.localnet import start_user_nodes
 from user_client.openai_api import ApiServer, BadRequest, parse_chat_request
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]

@@ -18,7 +18,8 @@ from gentorrent.channels import ChannelPool
 from model_node.intake import CloveIntake
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.directory import DirectoryIndex, ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import StaticDirectory
+from gentorrent.ledger.sections import ModelRecord
 from testkit.localnet import start_user_nodes
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(900)]
@@ -32,15 +33,8 @@ class _IntakeFront(rpc.ModelNodeServicer):
         self.keys = NodeKeys.load_or_create(home)
         self.tls = tls.TlsIdentity.load_or_create(home, self.keys.identity)
         self.engine_stub = engine_stub
-        index = DirectoryIndex(directory)
-
-        async def refresh() -> None:
-            await directory.refresh()
-            index.rebuild()
-
         self.channels = ChannelPool()
-        self.intake = CloveIntake(self.keys.onion, self.generate, index.relay_cert, self.channels, CLOVES, PATIENT,
-                                  refresh=refresh)
+        self.intake = CloveIntake(self.keys.onion, self.generate, directory, self.channels, CLOVES, PATIENT)
 
     async def generate(self, request: pb.GenerateRequest):
         async for chunk in self.engine_stub.Generate(request, timeout=300):

@@ -1,4 +1,4 @@
-"""Asking a model node through the anonymous overlay (DESIGN.md §3.3, paper §3.2 steps 3-4).
+"""Asking a model node through the anonymous overlay (ARCHITECTURE.md §3.3, paper §3.2 steps 3-4).
 
 One attempt: choose a model node, seal the query (prompt, sampling, model, the n proxies'
 reply routes, a fresh reply key) to its onion key, split it into n cloves, seal each clove
@@ -42,7 +42,8 @@ from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.directory import Directory, ModelRecord
+from gentorrent.ledger.directory import Directory
+from gentorrent.ledger.sections import ModelRecord
 from user_client.paths import PathManager, ProxyPath
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,8 @@ class Asker:
     ) -> None:
         self.directory = directory
         self.paths = paths
+        if paths is not None:
+            paths.replies_to = self.on_return  # reply blobs come from the relay straight here
         self.channels = channels
         self.cloves = cloves
         self.params = params

@@ -62,7 +62,7 @@ def _directory(args):
 
 
 def _load_config(home: Path) -> dict:
-    """HOME/config.toml (optional; issue 8): [cloves] and [overlay] tune this node, and a typo
+    """HOME/config.toml (optional): [cloves] and [overlay] tune this node, and a typo
     in any section or key stops it at start with an error naming the key."""
     from gentorrent import settings
 

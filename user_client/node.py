@@ -1,4 +1,4 @@
-"""A user node, programmatically: relay for others, keep proxy paths, ask (DESIGN.md §1).
+"""A user node, programmatically: relay for others, keep proxy paths, ask (ARCHITECTURE.md §1).
 
     node = UserNode(home, StaticDirectory(path))          # or any Directory
     await node.start()                                      # keys, TLS, Relay server, register, paths
@@ -28,7 +28,8 @@ from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
-from gentorrent.ledger.directory import Directory, DirectoryIndex, UserRecord
+from gentorrent.ledger.directory import Directory, DirectoryIndex
+from gentorrent.ledger.sections import UserRecord
 from user_client.paths import PathManager
 
 log = logging.getLogger(__name__)
@@ -98,15 +99,12 @@ class UserNode:
         await self.directory.register_user(self.record)
         await self.refresh_directory()
         self.paths = PathManager(self.directory, self.relay, self.channels, self.node_id_hex, self.region,
-                                 self._on_return, self.cloves, self.params, rng=self.rng)
+                                 self.cloves, self.params, rng=self.rng)
         self.asker = Asker(self.directory, self.paths, self.channels, self.cloves, self.params, rng=self.rng)
         if build_paths:
             await self.paths.fill()
         if self.maintain:
             self._tasks.append(asyncio.ensure_future(self._maintenance()))
-
-    async def _on_return(self, path, blob: bytes) -> None:
-        await self.asker.on_return(path, blob)
 
     def _relay_cert(self, address: str) -> bytes | None:
         cert = self.index.relay_cert(address)

@@ -231,7 +231,7 @@ def make_app(node: UserNode) -> web.Application:
     app.router.add_post("/gt/ask", gt_ask)
     app.router.add_get("/gt/status", gt_status)
     app.router.add_get("/openapi.json", openapi_document)
-    # --- Prometheus text (issue 8): the node's own status counters
+    # --- Prometheus text: the node's own status counters
     from gentorrent.metrics_views import UserNodeMetrics, metrics_route
 
     view = UserNodeMetrics()

@@ -1,4 +1,4 @@
-"""Proxy paths of a user node (DESIGN.md §3.2): choose relays, establish, renew, repair.
+"""Proxy paths of a user node (ARCHITECTURE.md §3.2): choose relays, establish, renew, repair.
 
 A user keeps N >= n established paths of l relays each; the last relay of a path is one of the
 user's proxies. Relays come from the directory: same region, never the user itself, least
@@ -13,6 +13,7 @@ shell that talks to relays.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import random
@@ -29,7 +30,8 @@ from gentorrent.channels import ChannelPool
 from user_client.relay import CONFIRMATION, Relay
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.directory import Directory, UserRecord
+from gentorrent.ledger.directory import Directory
+from gentorrent.ledger.sections import UserRecord
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +94,12 @@ class PathPool:
         self.keep = keep
         self.renewal_s = renewal_s
         self.paths: dict[int, ProxyPath] = {}
-        self._by_link: dict[bytes, ProxyPath] = {}
 
     def add(self, path: ProxyPath) -> None:
         self.paths[path.path_id] = path
-        self._by_link[path.first_link] = path
 
     def remove(self, path: ProxyPath) -> None:
         self.paths.pop(path.path_id, None)
-
-    def forget_link(self, link: bytes) -> None:
-        self._by_link.pop(link, None)
-
-    def by_first_link(self, link: bytes) -> ProxyPath | None:
-        return self._by_link.get(link)
 
     def usable(self, now: float) -> list[ProxyPath]:
         return [p for p in self.paths.values() if not p.failed and now - p.built_at < self.renewal_s]
@@ -144,7 +138,6 @@ class PathManager:
         channels: ChannelPool,
         self_id: str,
         region: str,
-        on_return: Callable[[ProxyPath, bytes], Awaitable[None]],
         cloves: CloveParams = CLOVES,
         params: OverlayParams = OVERLAY,
         rng: random.Random | None = None,
@@ -155,7 +148,8 @@ class PathManager:
         self.channels = channels
         self.self_id = self_id
         self.region = region
-        self.on_return = on_return
+        # where reply blobs of our paths go, straight from the relay (the Asker sets itself)
+        self.replies_to: Callable[[ProxyPath, bytes], Awaitable[None]] | None = None
         self.cloves = cloves
         self.params = params
         self.rng = rng or random.SystemRandom()  # relay choice; seeded only in tests
@@ -233,14 +227,10 @@ class PathManager:
         for r in relays:
             self._suspect_hops.pop(r.address, None)
         self.pool.add(path)
-        self.relay.add_endpoint(path.first_link, self._deliver)
+        if self.replies_to is not None:
+            self.relay.add_endpoint(path.first_link, functools.partial(self.replies_to, path))
         self.built += 1
         return path
-
-    async def _deliver(self, link_id: bytes, blob: bytes) -> None:
-        path = self.pool.by_first_link(link_id)
-        if path is not None:
-            await self.on_return(path, blob)
 
     async def fill(self) -> int:
         """Retire stale paths and build until N usable paths are held; returns usable count."""
@@ -263,11 +253,7 @@ class PathManager:
         self.pool.remove(path)
         grace = self.params.first_reply_timeout_s + self.params.reply_idle_timeout_s
 
-        def drop_endpoint() -> None:
-            self.relay.remove_endpoint(path.first_link)
-            self.pool.forget_link(path.first_link)
-
-        asyncio.get_running_loop().call_later(grace, drop_endpoint)
+        asyncio.get_running_loop().call_later(grace, self.relay.remove_endpoint, path.first_link)
 
     def mark_failed(self, path: ProxyPath) -> None:
         """A path failed a send or lost a reply: replace it now, in the background."""

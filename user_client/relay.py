@@ -1,4 +1,4 @@
-"""The Relay gRPC service every user node runs (DESIGN.md §3.2-3.3): a thin shell over PathTable.
+"""The Relay gRPC service every user node runs (ARCHITECTURE.md §3.2-3.3): a thin shell over PathTable.
 
 Establish peels one onion layer (the only public-key operation a relay ever does), records
 the hop, forwards the inner onion and passes the layered confirmation back. Forward and
@@ -35,7 +35,7 @@ CONFIRMATION = b"gentorrent/path-established/v1"
 
 #: (event, link_id, payload) for every blob a relay receives or sends; test instrumentation
 Tap = Callable[[str, bytes, bytes], None]
-Endpoint = Callable[[bytes, bytes], Awaitable[None]]
+Endpoint = Callable[[bytes], Awaitable[None]]  # receives the return blob of one of our own paths
 
 
 class Relay(rpc.RelayServicer):
@@ -192,7 +192,7 @@ class Relay(rpc.RelayServicer):
                 self.replay.check_and_add(request.link_id, request.payload)
             except Drop as drop:
                 return self._refuse(drop.reason)
-            await endpoint(request.link_id, request.payload)
+            await endpoint(request.payload)
             return pb.Ack(ok=True)
         try:
             entry = self.table.return_entry(request.link_id, self.clock())

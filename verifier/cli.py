@@ -93,7 +93,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def _epoch_args(args: argparse.Namespace) -> dict | None:
-    """--- verification epochs (issue 7): what attach_epochs needs, checked before starting."""
+    """--- verification epochs: what attach_epochs needs, checked before starting."""
     if not getattr(args, "epochs", False):
         return None
     if not args.reference_model or not args.reference_cert:
@@ -128,14 +128,14 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
 
     node = VerifierNode(home, listen=listen)
     await node.start()
-    if epochs is not None:  # --- verification epochs (issue 7)
+    if epochs is not None:  # --- verification epochs
         from verifier.epochs.reference import RemoteReference
         from verifier.epochs.wiring import attach_epochs
 
         await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]),
                             epochs["probe_directory"], epochs["params"])
         print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
-    # --- status page and /metrics (issue 8): read-only views of the running node
+    # --- status page and /metrics: read-only views of the running node
     live = None
     if dashboard:
         from verifier.dashboard_live import LiveDashboard

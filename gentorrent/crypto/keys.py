@@ -115,7 +115,7 @@ class Identity:
 
 @dataclass(frozen=True)
 class OnionKey:
-    """An X25519 key for onion establishment (DESIGN.md §3.2)."""
+    """An X25519 key for onion establishment (ARCHITECTURE.md §3.2)."""
 
     private_key: X25519PrivateKey
 

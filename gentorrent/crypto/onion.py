@@ -1,4 +1,4 @@
-"""Onion codec for proxy paths (DESIGN.md §3.2) and symmetric clove layering along them.
+"""Onion codec for proxy paths (ARCHITECTURE.md §3.2) and symmetric clove layering along them.
 
 Pure: no I/O; randomness comes from an `rng(nbytes) -> bytes` argument (default
 `secrets.token_bytes`). Keys are `cryptography` X25519 objects or their raw 32 bytes.

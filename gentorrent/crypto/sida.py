@@ -1,4 +1,4 @@
-"""(n, k) Secure Information Dispersal (S-IDA), DESIGN.md §3.3 and paper §3.2.
+"""(n, k) Secure Information Dispersal (S-IDA), ARCHITECTURE.md §3.3 and paper §3.2.
 
 split(data, n, k):
   1. K = 32 fresh random bytes; C = AES-256-GCM_K(nonce = 0^12, data, aad = ver|n|k).

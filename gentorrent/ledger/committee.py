@@ -1,4 +1,4 @@
-"""The committee-backed Directory of a user node (DESIGN.md §3.1).
+"""The committee-backed Directory of a user node (ARCHITECTURE.md §3.1).
 
 Reads the registry from any verifier of the genesis file and accepts it only after the
 light-client check of gentorrent.ledger.light_client (>2/3 of the genesis committee signed the app hash

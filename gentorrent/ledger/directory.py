@@ -1,4 +1,4 @@
-"""Where a user node learns who the relays and model nodes are (DESIGN.md §3.1).
+"""Where a user node learns who the relays and model nodes are (ARCHITECTURE.md §3.1).
 
 The rest of the user client sees only the small `Directory` interface below. Two
 implementations: `StaticDirectory`, a JSON file (tests, the demo's first start, air-gapped

@@ -1,7 +1,7 @@
-"""Verification-epoch transactions (issue 7): builders and their stateless checks.
+"""Verification-epoch transactions: builders and their stateless checks.
 
 Six kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in TxBody fields
-20..25. What each one means, and the stateful rules, are in verifier.abci.epoch_rules:
+20..25. What each one means, and the stateful rules, are in verifier.epochs.rules:
 
     epoch_member_keys   a member's VRF key (leader election) and X25519 key (private reveals)
     epoch_vrf_proof     a member's ECVRF proof for the election of one epoch
@@ -21,7 +21,7 @@ from typing import Sequence
 from gentorrent.config import EPOCH_RUN, EPOCHS
 from gentorrent.crypto.keys import Identity
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.txs import CODE_INVALID_FIELD, TxError, _body, _sign
+from gentorrent.ledger.signed_tx import CODE_INVALID_FIELD, TxError, body, sign
 
 __all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "validate",
            "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "to_micros"]
@@ -79,7 +79,7 @@ def probe_report(identity: Identity, epoch: int, node_id: bytes, ok: bool, seque
 
 def _build(identity: Identity, sequence: int, kind: str, msg) -> bytes:
     validate(kind, msg)  # fail at the member, not in every mempool
-    return _sign(identity, _body(identity, sequence, kind, msg))
+    return sign(identity, body(identity, sequence, kind, msg))
 
 
 # --------------------------------------------------------------------------- stateless checks

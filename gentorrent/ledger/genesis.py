@@ -1,7 +1,7 @@
 """The committee's genesis file: who the validators are, from which every proof is checked.
 
 Every client and every verifier holds the same `genesis.json`; the light client trusts exactly
-the Ed25519 keys listed here (DESIGN.md §3.1), and the CometBFT export
+the Ed25519 keys listed here (ARCHITECTURE.md §3.1), and the CometBFT export
 (`verifier.abci.cometbft_export`) turns this file into CometBFT's own genesis. It is plain JSON
 so that operators can read and diff it; keys and certificates are base64 / PEM text.
 

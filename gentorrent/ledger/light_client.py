@@ -8,7 +8,7 @@ value only if
   2. the header's `last_app_hash` (the app hash after block H, which the committee signed)
      equals the app hash recomputed from the value itself (users and models sections in
      full, the other sections by hash: `interface.app_hash_of`).
-Anything else is rejected with a `DirectoryRejected` naming the reason (DESIGN.md §3.1).
+Anything else is rejected with a `DirectoryRejected` naming the reason (ARCHITECTURE.md §3.1).
 """
 
 from __future__ import annotations

@@ -1,56 +1,34 @@
 """Committee transactions: how a node registers itself, and how the app checks it did.
 
-A transaction is a `SignedTx` (proto/gentorrent.proto, "registry transactions"): the encoded
-`TxBody` plus an Ed25519 signature by the body's `signer` over `TX_SIGNING_DOMAIN || body`.
-The domain prefix keeps a transaction signature from ever being valid as a vote, a gossip
-message or a reply receipt signed by the same identity key.
-
-Why the body travels as bytes: the signature covers exactly the bytes on the wire, so no
-re-encoding can break it, and `decode_tx` refuses bodies that are not the deterministic
-encoding of what they decode to, so one meaning has exactly one transaction (and one hash:
-duplicates are detectable by hash as well as by sequence).
-
-Replay protection is a per-signer sequence: a transaction is valid only if its sequence is
-strictly greater than the last one the signer used (gaps are allowed, so clients may use e.g.
-a millisecond clock). Stateless checks (size, encoding, signature, field formats) live here;
-stateful ones (sequence, already registered) in `verifier.abci.app`.
+Every kind travels in the signed envelope of `signed_tx` (domain-separated Ed25519 over a
+canonical body, a per-signer sequence against replay). Stateless checks (size, encoding,
+signature, field formats) live here and in `epoch_txs`; stateful ones (sequence, already
+registered) in the registry application (`verifier.abci.state`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Union
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from google.protobuf.message import DecodeError
 
 from gentorrent.config import MODEL_NODE, WIRE
 from gentorrent.crypto.keys import (PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, KeyFormatError, SignatureError,
                                     node_id_of, verify_signature)
 from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.ledger import epoch_txs
+from gentorrent.ledger.signed_tx import (CODE_ALREADY_REGISTERED, CODE_BAD_SIGNATURE, CODE_INVALID_FIELD,  # noqa: F401
+                                         CODE_MALFORMED, CODE_NOT_REGISTERED, CODE_OK, CODE_OVERSIZE,
+                                         CODE_REPLAY, CODE_UNAUTHORIZED, CODE_UNKNOWN_KIND, TX_SIGNING_DOMAIN,
+                                         TxError, body, check_sequence, parse_canonical, sign, tx_hash)
 
-TX_SIGNING_DOMAIN = b"gentorrent/registry-tx/v1\x00"
-
-# Stable result codes of CheckTx / FinalizeBlock (0 = ok, as in ABCI). Never renumber.
-CODE_OK = 0
-CODE_MALFORMED = 1  # not a SignedTx / TxBody, or a non-canonical encoding
-CODE_OVERSIZE = 2  # larger than WIRE.max_tx_bytes
-CODE_BAD_SIGNATURE = 3
-CODE_REPLAY = 4  # sequence not above the signer's last one (duplicate or replayed tx)
-CODE_INVALID_FIELD = 5  # a field is out of range or badly formatted
-CODE_ALREADY_REGISTERED = 6
-CODE_NOT_REGISTERED = 7
-CODE_UNAUTHORIZED = 8  # a committee-only kind signed by a non-member
-CODE_UNKNOWN_KIND = 9  # no kind set, or a kind this version does not know
-
-#: tx kinds (the TxBody `kind` oneof) of this version
 USER_KINDS = ("register_user", "update_user", "deregister_user")
 MODEL_KINDS = ("register_model", "update_model", "deregister_model")
 KINDS = USER_KINDS + MODEL_KINDS
-#: verification-epoch kinds (issue 7, TxBody fields 20..25; rules in verifier.abci.epoch_rules)
+#: verification-epoch kinds (TxBody fields 20..25; rules in verifier.epochs.rules)
 EPOCH_KINDS = ("epoch_member_keys", "epoch_vrf_proof", "epoch_plan", "epoch_replies", "epoch_attestation",
                "epoch_probe_report")
 #: kinds only committee members may sign
@@ -60,19 +38,10 @@ MAX_ADDRESS_CHARS = 255
 MAX_REGION_CHARS = 32
 MAX_MODEL_CHARS = 128
 MAX_CERT_BYTES = 8 * 1024
-MAX_SEQUENCE = 2**63 - 1  # fits SQLite's signed 64-bit integers
 
 _REGION_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 _HOST_RE = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
-
-
-class TxError(ValueError):
-    """A transaction is invalid; `code` is one of the stable CODE_* values."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -114,11 +83,6 @@ class Tx:
         return tx_hash(self.raw)
 
 
-def tx_hash(raw: bytes) -> bytes:
-    """The transaction hash as CometBFT computes it (SHA-256 of the raw tx)."""
-    return hashlib.sha256(raw).digest()
-
-
 # --------------------------------------------------------------------------- builders
 
 
@@ -133,7 +97,7 @@ def update_user(identity: Identity, address: str, onion_key: bytes, tls_cert_pem
 
 
 def deregister_user(identity: Identity, sequence: int) -> bytes:
-    return _sign(identity, _body(identity, sequence, "deregister_user", pb.Deregistration()))
+    return sign(identity, body(identity, sequence, "deregister_user", pb.Deregistration()))
 
 
 def register_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
@@ -149,37 +113,21 @@ def update_model(identity: Identity, address: str, model: str, capacity: int, tl
 
 
 def deregister_model(identity: Identity, sequence: int) -> bytes:
-    return _sign(identity, _body(identity, sequence, "deregister_model", pb.Deregistration()))
+    return sign(identity, body(identity, sequence, "deregister_model", pb.Deregistration()))
 
 
 def _user_tx(identity: Identity, kind: str, info: UserInfo, sequence: int) -> bytes:
     validate_user(info, identity.node_id)  # fail at the client, not in the mempool
     msg = pb.UserRegistration(address=info.address, onion_key=info.onion_key, tls_cert_pem=info.tls_cert_pem,
                               region=info.region)
-    return _sign(identity, _body(identity, sequence, kind, msg))
+    return sign(identity, body(identity, sequence, kind, msg))
 
 
 def _model_tx(identity: Identity, kind: str, info: ModelInfo, sequence: int) -> bytes:
     validate_model(info, identity.node_id)
     msg = pb.ModelRegistration(address=info.address, model=info.model, capacity=info.capacity,
                                tls_cert_pem=info.tls_cert_pem, onion_key=info.onion_key)
-    return _sign(identity, _body(identity, sequence, kind, msg))
-
-
-def _body(identity: Identity, sequence: int, kind: str, payload) -> pb.TxBody:
-    _check_sequence(sequence)
-    body = pb.TxBody(signer=identity.public_key, sequence=sequence)
-    getattr(body, kind).CopyFrom(payload)
-    return body
-
-
-def _sign(identity: Identity, body: pb.TxBody) -> bytes:
-    body_bytes = body.SerializeToString(deterministic=True)
-    raw = pb.SignedTx(body=body_bytes, signature=identity.sign(TX_SIGNING_DOMAIN + body_bytes)).SerializeToString(
-        deterministic=True)
-    if len(raw) > WIRE.max_tx_bytes:
-        raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
-    return raw
+    return sign(identity, body(identity, sequence, kind, msg))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -189,8 +137,8 @@ def decode_tx(raw: bytes) -> Tx:
     """Check everything that does not depend on state; raise TxError with a stable code."""
     if len(raw) > WIRE.max_tx_bytes:
         raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
-    signed = _parse(pb.SignedTx, raw, "SignedTx")
-    body = _parse(pb.TxBody, signed.body, "TxBody")
+    signed = parse_canonical(pb.SignedTx, raw, "SignedTx")
+    body = parse_canonical(pb.TxBody, signed.body, "TxBody")
     if len(body.signer) != PUBLIC_KEY_BYTES:
         raise TxError(CODE_MALFORMED, f"signer must be a {PUBLIC_KEY_BYTES}-byte Ed25519 public key")
     if len(signed.signature) != SIGNATURE_BYTES:
@@ -200,7 +148,7 @@ def decode_tx(raw: bytes) -> Tx:
     except (SignatureError, KeyFormatError) as exc:
         raise TxError(CODE_BAD_SIGNATURE, f"bad signature: {exc}") from exc
     try:
-        _check_sequence(body.sequence)
+        check_sequence(body.sequence)
     except TxError as exc:
         raise TxError(CODE_INVALID_FIELD, str(exc)) from exc
     kind = body.WhichOneof("kind")
@@ -217,29 +165,9 @@ def decode_tx(raw: bytes) -> Tx:
         payload = ModelInfo(m.address, m.model, m.capacity, m.tls_cert_pem, m.onion_key)
         validate_model(payload, node_id)
     elif kind in EPOCH_KINDS:
-        from gentorrent.ledger import epoch_txs  # epoch payloads are checked there
-
         payload = getattr(body, kind)
         epoch_txs.validate(kind, payload)
     return Tx(signer=body.signer, sequence=body.sequence, kind=kind, payload=payload, raw=bytes(raw))
-
-
-def _parse(cls, data: bytes, name: str):
-    msg = cls()
-    try:
-        msg.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise TxError(CODE_MALFORMED, f"not a {name}: {exc}") from exc
-    msg.DiscardUnknownFields()  # protobuf keeps and re-emits them; we refuse them
-    if msg.SerializeToString(deterministic=True) != data:
-        # unknown fields, duplicated fields, default values written out, or field reordering
-        raise TxError(CODE_MALFORMED, f"{name} is not canonically encoded")
-    return msg
-
-
-def _check_sequence(sequence: int) -> None:
-    if not 0 < sequence <= MAX_SEQUENCE:
-        raise TxError(CODE_INVALID_FIELD, f"sequence must be in 1..{MAX_SEQUENCE}")
 
 
 # --------------------------------------------------------------------------- field checks

@@ -1,7 +1,7 @@
 """The relay's path state: which link IDs it knows, where each leads, and why it dropped things.
 
 A relay learns one `HopEntry` per proxy path through it when it peels an establishment onion
-(DESIGN.md §3.2): the link ID on the predecessor side (`link_in`), the one on the successor side
+(ARCHITECTURE.md §3.2): the link ID on the predecessor side (`link_in`), the one on the successor side
 (`link_out`), both neighbours and the symmetric hop key. After that, forwarding is a dictionary
 lookup and one symmetric layer: no public-key work. The table is a pure data structure: time
 is passed in, nothing here does I/O, so expiry and limits are tested without clocks.

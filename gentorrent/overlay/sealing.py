@@ -1,4 +1,4 @@
-"""End-to-end sealing of queries and replies around S-IDA (DESIGN.md §3.3).
+"""End-to-end sealing of queries and replies around S-IDA (ARCHITECTURE.md §3.3).
 
 Query (user -> model node)::
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gentorrent.config import ROUTING, RoutingParams
 from gentorrent.routing.chunking import ChunkLayout, LayoutError
 from gentorrent.routing.hrtree import HRTree, LayoutSwitchingTree, MergeOutcome, NodeTable
-from gentorrent.routing.policy import Decision, Reason, choose_node
+from gentorrent.routing.policy import RouteDecision, Reason, choose_node
 from gentorrent.routing.sentry import Sentry, SentryError, StatsRecord
 
 
@@ -78,7 +78,7 @@ class GroupRouting:
 
     # -- requests -------------------------------------------------------------------------
 
-    def decide(self, tokens, hops: int, now: float, load: LocalLoad) -> Decision:
+    def decide(self, tokens, hops: int, now: float, load: LocalLoad) -> RouteDecision:
         """Where this request is served (Algorithm 2), recorded in the tree and counters."""
         if hops == 0:
             self.sentry.observe(tokens)
@@ -100,12 +100,12 @@ class GroupRouting:
         self.trees.insert(tokens, decision.node_id, now)
         return decision
 
-    def forward_failed(self, tokens, peer_id: str, now: float) -> Decision:
+    def forward_failed(self, tokens, peer_id: str, now: float) -> RouteDecision:
         """The peer did not take the request: it is served here, and the tree says so."""
         self.counters.fallbacks += 1
         self.trees.insert(tokens, self.local_id, now)
         row = self.table.get(self.local_id)
-        return Decision(self.local_id, Reason.LEAST_LOADED, False, 0,
+        return RouteDecision(self.local_id, Reason.LEAST_LOADED, False, 0,
                         row.relative_load if row else 0.0)
 
     def _update_local(self, load: LocalLoad, now: float) -> None:

@@ -32,7 +32,7 @@ class Reason(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class RouteDecision:
     node_id: str  # who serves
     reason: Reason
     forward: bool  # node_id != local node
@@ -41,7 +41,7 @@ class Decision:
 
 
 def choose_node(local_id: str, match: SearchResult, table: NodeTable, *, hops: int,
-                now: float, params: RoutingParams = ROUTING) -> Decision:
+                now: float, params: RoutingParams = ROUTING) -> RouteDecision:
     """Algorithm 2. `match` is `HRTree.search(prompt)`; `table` must have a row for local_id."""
     if hops < 0:
         raise ValueError("hops must be >= 0")
@@ -49,19 +49,19 @@ def choose_node(local_id: str, match: SearchResult, table: NodeTable, *, hops: i
     if local is None:
         raise ValueError("the node table has no row for the local node")
     if hops > 0:
-        return Decision(local_id, Reason.ALREADY_FORWARDED, False, match.depth,
+        return RouteDecision(local_id, Reason.ALREADY_FORWARDED, False, match.depth,
                         local.relative_load)
     live = {row.node_id: row for row in table.live(now, always=local_id)}
     holders = [live[c] for c in match.candidates if c in live]
     under = [row for row in holders if row.relative_load < params.load_threshold]
     if under:
         best = _keep_local(_least_loaded(under, local_id), local, under, params)
-        return Decision(best.node_id, Reason.TREE_MATCH, best.node_id != local_id,
+        return RouteDecision(best.node_id, Reason.TREE_MATCH, best.node_id != local_id,
                         match.depth, best.relative_load)
     best = _least_loaded(list(live.values()), local_id)
     if local.relative_load < params.load_threshold:
         best = _keep_local(best, local, list(live.values()), params)
-    return Decision(best.node_id, Reason.LEAST_LOADED, best.node_id != local_id, match.depth,
+    return RouteDecision(best.node_id, Reason.LEAST_LOADED, best.node_id != local_id, match.depth,
                     best.relative_load)
 
 

@@ -36,7 +36,7 @@ def _rep(committee, ident) -> float:
 
 async def epoch_faults(root: Path, mode: str, seed: int = 0, quick: bool = False) -> dict:
     from testkit.epochs import EpochCommittee, ScriptedModels
-    from verifier.abci import epoch_rules as rules
+    from verifier.epochs import rules
     from verifier.epochs.runner import LeaderFaults
 
     if mode not in EPOCH_MODES:

@@ -1,7 +1,6 @@
 """Model-node fault scenarios on real processes (see the package docstring for the contract).
 
-Two stand-in model nodes serve the same model as real `python -m testkit.localnet
-echo-model` processes (real keys, pinned TLS, clove intake, signed receipts; the engine
+Two stand-in model nodes serve the same model as real `python -m testkit.echo_model` processes (real keys, pinned TLS, clove intake, signed receipts; the engine
 echoes and streams in several slow chunks). The *victim* is listed with a higher reputation,
 so every ask tries it first: the worst case for the user. In-process user nodes relay (the
 overlay is not what is under test here) and one of them keeps asking while the victim
@@ -9,7 +8,7 @@ overlay is not what is under test here) and one of them keeps asking while the v
 - `kill-mid-stream`: is SIGKILLed while it streams a reply to an ask (then stays dead);
 - `hang`: is SIGSTOPped while it streams (a streamed ask first, then a buffered one), and
   SIGCONTed at the end;
-- `garbage`: answers with reply messages that no decoder accepts (model_drills);
+- `garbage`: answers with reply messages that no decoder accepts (testkit.echo_model);
 - `bad-signature`: answers right, with a receipt whose signature does not verify;
 - `refuse`: admits no query (says busy).
 
@@ -35,7 +34,7 @@ STREAM_CHUNKS, CHUNK_DELAY_S = 6, 0.2
 def _spawn_model(sup, name: str, home: Path, directory: Path, extra: list[str]) -> None:
     from devnet.supervisor import python_module
 
-    sup.spawn(name, python_module("testkit.localnet", "echo-model", "--home", str(home), "--directory",
+    sup.spawn(name, python_module("testkit.echo_model", "--home", str(home), "--directory",
                                   str(directory), "--chunks", str(STREAM_CHUNKS),
                                   "--chunk-delay-s", str(CHUNK_DELAY_S), *extra),
               cwd=Path(__file__).resolve().parents[3])  # the repository root
@@ -181,7 +180,8 @@ async def model_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
     from devnet.supervisor import Supervisor
     from testkit.keyleaks import leak_report
     from user_client.asking import AskError
-    from testkit.localnet import ECHO_PREFIX, start_user_nodes
+    from testkit.echo_model import ECHO_PREFIX
+    from testkit.localnet import start_user_nodes
 
     if mode not in MODEL_MODES:
         raise ValueError(f"mode is one of {MODEL_MODES}")

@@ -83,7 +83,8 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
     cloves inside TLS is a malicious relay's own code (see the module docstring); faults
     done to relay processes from outside are `relay_process_faults`."""
     from user_client.asking import AskError
-    from testkit.localnet import ECHO_PREFIX, EchoModelNode, start_user_nodes
+    from testkit.echo_model import ECHO_PREFIX, EchoModelNode
+    from testkit.localnet import start_user_nodes
 
     if mode not in RELAY_MODES:
         raise ValueError(f"mode is one of {RELAY_MODES}")
@@ -211,7 +212,7 @@ class RelayFleet:
         self.model_home.mkdir(parents=True, exist_ok=True)
         (self.model_home / settings.CONFIG_FILE).write_text(self._config)
         model = self.sup.spawn("model", python_module(
-            "testkit.localnet", "echo-model", "--home", str(self.model_home), "--directory", str(self.directory)),
+            "testkit.echo_model", "--home", str(self.model_home), "--directory", str(self.directory)),
             env=env, cwd=_ROOT)
         await asyncio.to_thread(wait_until, lambda: '"address"' in Path(model.log).read_text(), 120,
                                 "the echo model process")
@@ -284,7 +285,7 @@ async def _ask_batch(me, count: int, tag: str, since: float) -> dict:
     """`count` asks one after another: answered, failed with a clear AskError, or lost (a
     wrong answer, or no end within ASK_HANG_S); latencies; seconds from `since` to the first answer."""
     from user_client.asking import AskError
-    from testkit.localnet import ECHO_PREFIX
+    from testkit.echo_model import ECHO_PREFIX
 
     out = {"sent": 0, "answered": 0, "clear": 0, "lost": 0, "latency_ms": [], "first_ok_s": None}
     for i in range(count):
@@ -370,7 +371,7 @@ def _api_ask(api: str, prompt: str, timeout_s: float) -> bool:
     """One ask through a relay process's own local API (gt-user ask): is that node whole?"""
     import urllib.request
 
-    from testkit.localnet import ECHO_PREFIX
+    from testkit.echo_model import ECHO_PREFIX
 
     body = json.dumps({"prompt": prompt, "max_tokens": 32}).encode()
     request = urllib.request.Request(api + "/gt/ask", body, {"Content-Type": "application/json"})

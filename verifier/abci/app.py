@@ -146,7 +146,7 @@ class RegistryApp:
     def finalize_block(self, txs: Sequence[bytes], ctx: BlockContext) -> FinalizeResult:
         view = self._block_view(ctx)
         results = tuple(view.deliver(tx) for tx in txs)
-        view.end_block(ctx.hash)  # issue 7: verification epochs advance with block time
+        view.end_block(ctx.hash)  # verification epochs: verification epochs advance with block time
         app_hash = view.app_hash()
         self._pending = (view, app_hash)  # a second finalize of the same height replaces it
         return FinalizeResult(tx_results=results, app_hash=app_hash)
@@ -189,7 +189,7 @@ class RegistryApp:
             return QueryResult(code=CODE_OK, value=view.directory_value(), height=c.height)
         if path == "/info":
             return QueryResult(code=CODE_OK, value=self._info_json(), height=c.height)
-        if path == "/epochs":  # issue 7: the epochs section (EpochsSection) as committed
+        if path == "/epochs":  # verification epochs: the epochs section (EpochsSection) as committed
             return QueryResult(code=CODE_OK, value=encode(c.epochs), height=c.height)
         if len(parts) == 2 and parts[0] in ("user", "model", "account"):
             if not _HEX_ID.fullmatch(parts[1]):

@@ -24,8 +24,7 @@ Rules both sides rely on:
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from gentorrent.ledger.sections import SECTIONS, app_hash_of  # noqa: F401  (the app-hash contract)

@@ -7,7 +7,7 @@ changes, so it can be thrown away (a rejected proposal, a new height for the mem
 folded into the committed state by `Commit` at the cost of the changes only.
 
 Sections (interface.SECTIONS): meta (chain id, height, time, validators, account sequences),
-users, models (with reputation and trusted flag for issue 7), epochs (issue 7).
+users, models (with reputation and trusted flag), epochs.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class CommittedState:
     users: dict[bytes, UserRecord] = field(default_factory=dict)
     models: dict[bytes, ModelRecord] = field(default_factory=dict)
     accounts: dict[bytes, int] = field(default_factory=dict)
-    #: the epochs section as a message (issue 7 adds its fields to EpochsSection); treat as
+    #: the epochs section as a message (the epoch rules own its fields); treat as
     #: immutable: a view that changes it replaces it with a modified copy
     epochs: pb.EpochsSection = field(default_factory=pb.EpochsSection)
     initialized: bool = False
@@ -150,8 +150,8 @@ class StateView:
             raise TxError(CODE_REPLAY, f"sequence {tx.sequence} already used: the signer's last sequence is {last}")
         if tx.kind in COMMITTEE_KINDS and not self.is_validator(tx.signer):
             raise TxError(CODE_UNAUTHORIZED, f"{tx.kind} may only be signed by a committee member")
-        if tx.kind in EPOCH_KINDS:  # --- issue 7: verification epochs (verifier.abci.epoch_rules)
-            from verifier.abci import epoch_rules
+        if tx.kind in EPOCH_KINDS:  # --- verification epochs (verifier.epochs.rules)
+            from verifier.epochs import rules as epoch_rules
 
             self._next_epochs = epoch_rules.next_section(self, tx)
             return
@@ -164,7 +164,7 @@ class StateView:
             raise TxError(CODE_NOT_REGISTERED, f"node {tx.node_id.hex()[:16]} is not registered")
 
     def _apply(self, tx: Tx) -> None:
-        """Issue 7 adds its epoch / reputation kinds here: they change `self.epochs` (a new
+        """The verification epochs adds its epoch / reputation kinds here: they change `self.epochs` (a new
         EpochsSection) and `self.models` (records rebuilt with `dataclasses.replace`)."""
         self.accounts.set(tx.signer, tx.sequence)
         node_id = tx.node_id
@@ -196,14 +196,14 @@ class StateView:
             self.users.delete(node_id)
         elif tx.kind == "deregister_model":
             self.models.delete(node_id)
-        elif tx.kind in EPOCH_KINDS:  # the section _check computed (issue 7)
+        elif tx.kind in EPOCH_KINDS:  # the section _check computed
             self.epochs = self._next_epochs
         else:  # decode_tx only lets known kinds through
             raise AssertionError(tx.kind)
 
     def end_block(self, block_hash: bytes) -> None:
-        """Issue 7: epoch deadlines, reputation updates, the next epoch (after a block's txs)."""
-        from verifier.abci import epoch_rules
+        """Verification epochs: deadlines, reputation updates, the next epoch (after a block's txs)."""
+        from verifier.epochs import rules as epoch_rules
 
         epoch_rules.end_block(self, block_hash)
 

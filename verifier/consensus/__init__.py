@@ -1,8 +1,8 @@
-"""Embedded Tendermint consensus of the verification committee (DESIGN.md §3.6).
+"""Embedded Tendermint consensus of the verification committee (ARCHITECTURE.md §3.6).
 
-Pure core (no I/O, deterministic, tested by seeded simulation):
-    types.py          blocks, proposals, votes, commits and their canonical signed encodings;
-                      the validator set with CometBFT's weighted proposer rotation
+Pure core (no I/O, deterministic, tested by seeded simulation); the message types (blocks,
+proposals, votes, commits, the validator set) are gentorrent/ledger/chain.py, which light
+clients share:
     votes.py          vote keeper: power per (round, type, value), equivocation evidence
     state_machine.py  one height of "The latest gossip on BFT consensus" (Algorithm 1)
     driver.py         events (proposal, vote, timeout, decided block) -> effects
@@ -12,6 +12,6 @@ Shell:
     wal.py            write-ahead log of the inputs of the height in progress
     blockstore.py     decided blocks with their commits (SQLite)
     node.py           gRPC/TLS Verifier service, peers, timers, mempool, catch-up, the app
-    home.py           config.json of a verifier home; the committee of a genesis
+    home.py           config.json of a verifier home
 The command is verifier/cli.py (`gt-verifier`); the light client is gentorrent/ledger/light_client.py.
 """

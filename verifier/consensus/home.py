@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gentorrent.config import CONSENSUS, CONSENSUS_FAST, ConsensusTimeouts
-from gentorrent.ledger.genesis import Genesis, GenesisError
+from gentorrent.ledger.genesis import GenesisError
 
 CONFIG_FILE = "config.json"
 DATA_DIR = "data"

@@ -267,7 +267,7 @@ class VerifierNode:
         self._halted: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._height_started_at = time.monotonic()
-        self.epochs = None  # issue 7: a verifier.epochs.runner.EpochRunner, when epochs run here
+        self.epochs = None  # verification epochs: a verifier.epochs.runner.EpochRunner, when epochs run here
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -567,7 +567,7 @@ class VerifierNode:
         proof = DirectoryProofCodec.encode(h, block.header.encode(), commit)
         return pb.QueryReply(code=0, value=value, height=h, proof=proof)
 
-    # ------------------------------------------------------------------ verification epochs (issue 7)
+    # ------------------------------------------------------------------ verification epochs
 
     def epoch_host(self):
         """What verifier.epochs.runner.EpochRunner needs from this node."""

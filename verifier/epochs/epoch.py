@@ -1,6 +1,6 @@
 """The result of one verification epoch: judging the leader's proposal, resolving missing
 replies, and the credibilities the reputation update applies (paper §3.4, §4.4, Algorithm 3;
-DESIGN.md §3.5).
+ARCHITECTURE.md §3.5).
 
 Two pure pieces:
 

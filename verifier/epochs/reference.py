@@ -19,10 +19,10 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from verifier.epochs.scoring import TokenScores
 
-__all__ = ["ReferenceError", "RemoteReference", "token_scores_of"]
+__all__ = ["ReferenceModelError", "RemoteReference", "token_scores_of"]
 
 
-class ReferenceError(RuntimeError):
+class ReferenceModelError(RuntimeError):
     """The reference model could not answer (down, busy, or it refused the request)."""
 
 
@@ -72,20 +72,20 @@ class RemoteReference:
         try:
             chunks = [c async for c in stub.Generate(request, timeout=self.timeout_s)]
         except grpc.aio.AioRpcError as exc:
-            raise ReferenceError(f"reference Generate failed: {exc.code().name} {exc.details()}") from exc
+            raise ReferenceModelError(f"reference Generate failed: {exc.code().name} {exc.details()}") from exc
         return "".join(c.text for c in chunks)
 
     async def score(self, request: pb.GenerateRequest, token_ids: list[int]) -> TokenScores:
         """Log-probabilities of `token_ids` after the request's prompt, in one pass."""
         stub = await self._stub()
         if request.model != self.model:
-            raise ReferenceError(f"the reference serves {self.model!r}, not {request.model!r}")
+            raise ReferenceModelError(f"the reference serves {self.model!r}, not {request.model!r}")
         score_request = pb.ScoreRequest(model=request.model, prompt=request.prompt, messages=request.messages,
                                         token_ids=token_ids, top_k=SCORING.top_k)
         try:
             reply = await stub.Score(score_request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise ReferenceError(f"reference Score failed: {exc.code().name} {exc.details()}") from exc
+            raise ReferenceModelError(f"reference Score failed: {exc.code().name} {exc.details()}") from exc
         if len(reply.tokens) != len(token_ids):
-            raise ReferenceError("the reference scored a different number of tokens")
+            raise ReferenceModelError("the reference scored a different number of tokens")
         return token_scores_of(reply)

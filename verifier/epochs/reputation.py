@@ -1,4 +1,4 @@
-"""Reputation of one model node across verification epochs (DESIGN.md §3.5, paper §3.4).
+"""Reputation of one model node across verification epochs (ARCHITECTURE.md §3.5, paper §3.4).
 
     R(T) = alpha * R(T-1) + beta * C(T)
     and, when c / W > gamma for the c abnormal values (C < tau) among the last W credibilities,

@@ -1,6 +1,6 @@
-"""The epoch driver inside a verifier process (the async shell of DESIGN.md §3.5).
+"""The epoch driver inside a verifier process (the async shell of ARCHITECTURE.md §3.5).
 
-It watches the committed epochs section (verifier.abci.epoch_rules) and does this member's part
+It watches the committed epochs section (verifier.epochs.rules) and does this member's part
 of each phase, once, by submitting signed epoch transactions to its own node:
 
     no keys yet    register the VRF and X25519 keys (epoch_member_keys)
@@ -35,7 +35,7 @@ from gentorrent.config import EPOCH_RUN, EPOCHS, EpochRunParams
 from gentorrent.crypto.keys import Identity
 from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.abci import epoch_rules as rules
+from verifier.epochs import rules
 from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf

@@ -1,6 +1,6 @@
 """How committed epoch transactions and block times move a verification epoch (pure).
 
-DESIGN.md §3.5 / paper §3.4, Algorithm 3, as a replicated state machine in the `epochs`
+ARCHITECTURE.md §3.5 / paper §3.4, Algorithm 3, as a replicated state machine in the `epochs`
 section of the registry. One epoch goes through these phases; every transition is a function
 of (committed state, block), so every member applies it identically in FinalizeBlock:
 
@@ -40,7 +40,7 @@ the committee: the epoch aborts and the next one elects a new leader.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Mapping, Protocol
 
 from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION, EpochRunParams
 from gentorrent import receipts
@@ -52,9 +52,6 @@ from verifier.epochs import vrf
 from verifier.epochs.challenges import ChallengeEntry, ChallengeError, ChallengePlan, check_plan
 from verifier.epochs.epoch import EpochRecord, node_decision
 
-if TYPE_CHECKING:  # pragma: no cover
-    from verifier.abci.state import StateView
-
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
 DONE, ABORTED = "done", "aborted"
 CODE_WRONG_PHASE = 30  # an epoch tx that does not fit the epoch's phase (a late or early one)
@@ -62,6 +59,18 @@ REASONS_LISTED = 4  # altered replies named in an abort reason (the history keep
 
 __all__ = ["next_section", "end_block", "leader_of", "member_keys_of", "phase_of", "CODE_WRONG_PHASE",
            "ELECTING", "PLANNING", "PROBING", "ATTESTING", "RESOLVING", "DONE", "ABORTED"]
+
+
+class StateView(Protocol):
+    """What the epoch rules read of (and write to) the registry state in a block: the
+    application's `verifier.abci.state.StateView` satisfies it."""
+
+    chain_id: str
+    height: int
+    time_ms: int
+    epochs: pb.EpochsSection
+    models: Mapping  # node id -> ModelRecord
+    validators: tuple[tuple[bytes, int], ...]  # (public key, power)
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -81,7 +90,7 @@ def _bad(message: str) -> TxError:
     return TxError(CODE_INVALID_FIELD, message)
 
 
-def _powers(view: "StateView") -> dict[bytes, int]:
+def _powers(view: StateView) -> dict[bytes, int]:
     return {k: p for k, p in view.validators}
 
 
@@ -117,7 +126,7 @@ def _quorum(powers: dict[bytes, int], signers) -> bool:
 # --------------------------------------------------------------------------- transactions
 
 
-def next_section(view: "StateView", tx: Tx) -> pb.EpochsSection:
+def next_section(view: StateView, tx: Tx) -> pb.EpochsSection:
     """The epochs section after `tx`, or TxError (and `view` is untouched either way)."""
     sec = _copy(view.epochs)
     m = tx.payload
@@ -147,7 +156,7 @@ def _member_keys(sec: pb.EpochsSection, signer: bytes, m: pb.EpochMemberKeys) ->
     sec.members.extend(sorted(entries, key=lambda e: e.public_key))
 
 
-def _vrf_proof(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.EpochVrfProof) -> None:
+def _vrf_proof(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochVrfProof) -> None:
     cur = _check_epoch(sec, m.epoch, ELECTING)
     member = _member(sec, signer)
     if member is None:
@@ -165,7 +174,7 @@ def _vrf_proof(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.Ep
         _elect(view, sec)
 
 
-def _elect(view: "StateView", sec: pb.EpochsSection) -> None:
+def _elect(view: StateView, sec: pb.EpochsSection) -> None:
     cur = sec.current
     members = [(e.public_key.hex(), e.vrf_public_key) for e in sec.members]
     proofs = {p.public_key.hex(): p.proof for p in cur.proofs}
@@ -173,7 +182,7 @@ def _elect(view: "StateView", sec: pb.EpochsSection) -> None:
     _enter(view, cur, PLANNING)
 
 
-def _enter(view: "StateView", cur: pb.EpochStateEntry, phase: str) -> None:
+def _enter(view: StateView, cur: pb.EpochStateEntry, phase: str) -> None:
     cur.phase = phase
     cur.phase_started_ms = view.time_ms
 
@@ -183,7 +192,7 @@ def _require_leader(cur: pb.EpochStateEntry, signer: bytes, what: str) -> None:
         raise TxError(CODE_UNAUTHORIZED, f"only the leader of epoch {cur.epoch} may post the {what}")
 
 
-def _plan(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.EpochPlan) -> None:
+def _plan(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochPlan) -> None:
     cur = _check_epoch(sec, m.epoch, PLANNING)
     _require_leader(cur, signer, "plan")
     plan = ChallengePlan(m.epoch, tuple(ChallengeEntry(e.node_id.hex(), e.commitment) for e in m.entries))
@@ -199,7 +208,7 @@ def _plan(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.EpochPl
         _enter(view, cur, PROBING)
 
 
-def _replies(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.EpochReplies) -> None:
+def _replies(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochReplies) -> None:
     cur = _check_epoch(sec, m.epoch, PROBING)
     _require_leader(cur, signer, "replies")
     if [r.node_id for r in m.replies] != [e.node_id for e in cur.plan]:
@@ -215,7 +224,7 @@ def _replies(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.Epoc
     _maybe_settle(view, sec)
 
 
-def _receipt_problems(view: "StateView", r: pb.ProbeReply) -> list[str]:
+def _receipt_problems(view: StateView, r: pb.ProbeReply) -> list[str]:
     node = view.models.get(r.node_id)
     if node is None:  # deregistered during the epoch: nothing to check against, nothing to score
         return []
@@ -234,7 +243,7 @@ def _abort(cur: pb.EpochStateEntry, faulty: bool, reason: str) -> None:
     cur.reason = ("faulty leader: " if faulty else "") + reason
 
 
-def _attestation(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.EpochAttestation) -> None:
+def _attestation(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochAttestation) -> None:
     cur = _check_epoch(sec, m.epoch, ATTESTING)
     if any(a.public_key == signer for a in cur.attestations):
         raise _bad("this member already attested this epoch")
@@ -246,7 +255,7 @@ def _attestation(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.
         _agree(view, sec)
 
 
-def _agree(view: "StateView", sec: pb.EpochsSection) -> None:
+def _agree(view: StateView, sec: pb.EpochsSection) -> None:
     """The quorum's agreed scores: medians, disagreement marks, prompt-alteration check."""
     cur = sec.current
     n = len(view.validators)
@@ -274,7 +283,7 @@ def _agree(view: "StateView", sec: pb.EpochsSection) -> None:
     _maybe_settle(view, sec)
 
 
-def _record(view: "StateView", sec: pb.EpochsSection) -> EpochRecord:
+def _record(view: StateView, sec: pb.EpochsSection) -> EpochRecord:
     cur = sec.current
     committee = tuple(sorted(k.hex() for k, _ in view.validators))
     reports: dict[str, dict[str, bool]] = {}
@@ -287,7 +296,7 @@ def _record(view: "StateView", sec: pb.EpochsSection) -> EpochRecord:
                        phase="resolving", missing=missing, reports=reports)
 
 
-def _probe_report(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb.EpochProbeReport) -> None:
+def _probe_report(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochProbeReport) -> None:
     cur = _check_epoch(sec, m.epoch, ATTESTING, RESOLVING)
     if signer == cur.leader:
         raise TxError(CODE_UNAUTHORIZED, "the leader's report is its missing-reply claim; it cannot probe too")
@@ -303,7 +312,7 @@ def _probe_report(view: "StateView", sec: pb.EpochsSection, signer: bytes, m: pb
     _maybe_settle(view, sec)
 
 
-def _maybe_settle(view: "StateView", sec: pb.EpochsSection) -> None:
+def _maybe_settle(view: StateView, sec: pb.EpochsSection) -> None:
     """RESOLVING -> DONE once every missing node is decided or every other member reported."""
     cur = sec.current
     if cur.phase != RESOLVING:
@@ -317,7 +326,7 @@ def _maybe_settle(view: "StateView", sec: pb.EpochsSection) -> None:
 # --------------------------------------------------------------------------- end of block
 
 
-def end_block(view: "StateView", block_hash: bytes, params: EpochRunParams = EPOCH_RUN) -> None:
+def end_block(view: StateView, block_hash: bytes, params: EpochRunParams = EPOCH_RUN) -> None:
     """Deadlines, the close of a finished epoch (reputation update) and the opening of the next.
 
     Called by FinalizeBlock after the block's transactions, with the block's hash (the "final
@@ -348,13 +357,13 @@ def end_block(view: "StateView", block_hash: bytes, params: EpochRunParams = EPO
     view.epochs = sec
 
 
-def _open(view: "StateView", sec: pb.EpochsSection, epoch: int, seed: bytes) -> None:
+def _open(view: StateView, sec: pb.EpochsSection, epoch: int, seed: bytes) -> None:
     sec.epoch = epoch
     sec.current.CopyFrom(pb.EpochStateEntry(epoch=epoch, phase=ELECTING, seed=seed, phase_started_ms=view.time_ms,
                                             opened_height=view.height))
 
 
-def _credibilities(view: "StateView", sec: pb.EpochsSection) -> dict[bytes, float]:
+def _credibilities(view: StateView, sec: pb.EpochsSection) -> dict[bytes, float]:
     cur = sec.current
     out = {s.node_id: s.score_micros / SCORE_SCALE for s in cur.result}
     rec = _record(view, sec)
@@ -364,7 +373,7 @@ def _credibilities(view: "StateView", sec: pb.EpochsSection) -> dict[bytes, floa
     return out
 
 
-def _close(view: "StateView", sec: pb.EpochsSection, params: EpochRunParams) -> None:
+def _close(view: StateView, sec: pb.EpochsSection, params: EpochRunParams) -> None:
     cur = sec.current
     faulty = cur.reason.startswith("faulty leader")
     scored: list[pb.NodeScore] = []

@@ -1,0 +1,92 @@
+"""The signed envelope every committee transaction travels in, whatever its kind.
+
+A transaction is a `SignedTx` (proto/gentorrent.proto, "registry transactions"): the encoded
+`TxBody` plus an Ed25519 signature by the body's `signer` over `TX_SIGNING_DOMAIN || body`.
+The domain prefix keeps a transaction signature from ever being valid as a vote, a gossip
+message or a reply receipt signed by the same identity key.
+
+Why the body travels as bytes: the signature covers exactly the bytes on the wire, so no
+re-encoding can break it, and `parse_canonical` refuses bodies that are not the deterministic
+encoding of what they decode to, so one meaning has exactly one transaction (and one hash).
+
+Replay protection is a per-signer sequence: a transaction is valid only if its sequence is
+strictly greater than the last one the signer used (gaps are allowed, so clients may use e.g.
+a millisecond clock). The kinds and their payload checks are in `txs` (registry) and
+`epoch_txs` (verification epochs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from google.protobuf.message import DecodeError
+
+from gentorrent.config import WIRE
+from gentorrent.crypto.keys import Identity
+from gentorrent.wire import gentorrent_pb2 as pb
+
+TX_SIGNING_DOMAIN = b"gentorrent/registry-tx/v1\x00"
+
+# Stable result codes of CheckTx / FinalizeBlock (0 = ok, as in ABCI). Never renumber.
+CODE_OK = 0
+CODE_MALFORMED = 1  # not a SignedTx / TxBody, or a non-canonical encoding
+CODE_OVERSIZE = 2  # larger than WIRE.max_tx_bytes
+CODE_BAD_SIGNATURE = 3
+CODE_REPLAY = 4  # sequence not above the signer's last one (duplicate or replayed tx)
+CODE_INVALID_FIELD = 5  # a field is out of range or badly formatted
+CODE_ALREADY_REGISTERED = 6
+CODE_NOT_REGISTERED = 7
+CODE_UNAUTHORIZED = 8  # a committee-only kind signed by a non-member
+CODE_UNKNOWN_KIND = 9  # no kind set, or a kind this version does not know
+
+MAX_SEQUENCE = 2**63 - 1  # fits SQLite's signed 64-bit integers
+
+
+class TxError(ValueError):
+    """A transaction is invalid; `code` is one of the stable CODE_* values."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def tx_hash(raw: bytes) -> bytes:
+    """The transaction hash as CometBFT computes it (SHA-256 of the raw tx)."""
+    return hashlib.sha256(raw).digest()
+
+
+def body(identity: Identity, sequence: int, kind: str, payload) -> pb.TxBody:
+    """The unsigned body of a `kind` transaction by `identity` carrying `payload`."""
+    check_sequence(sequence)
+    msg = pb.TxBody(signer=identity.public_key, sequence=sequence)
+    getattr(msg, kind).CopyFrom(payload)
+    return msg
+
+
+def sign(identity: Identity, tx_body: pb.TxBody) -> bytes:
+    """The raw SignedTx of `tx_body`; TxError if it is over the size limit."""
+    body_bytes = tx_body.SerializeToString(deterministic=True)
+    raw = pb.SignedTx(body=body_bytes, signature=identity.sign(TX_SIGNING_DOMAIN + body_bytes)).SerializeToString(
+        deterministic=True)
+    if len(raw) > WIRE.max_tx_bytes:
+        raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
+    return raw
+
+
+def parse_canonical(cls, data: bytes, name: str):
+    """`data` as a `cls` message, refused unless it is that message's deterministic encoding."""
+    msg = cls()
+    try:
+        msg.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise TxError(CODE_MALFORMED, f"not a {name}: {exc}") from exc
+    msg.DiscardUnknownFields()  # protobuf keeps and re-emits them; we refuse them
+    if msg.SerializeToString(deterministic=True) != data:
+        # unknown fields, duplicated fields, default values written out, or field reordering
+        raise TxError(CODE_MALFORMED, f"{name} is not canonically encoded")
+    return msg
+
+
+def check_sequence(sequence: int) -> None:
+    if not 0 < sequence <= MAX_SEQUENCE:
+        raise TxError(CODE_INVALID_FIELD, f"sequence must be in 1..{MAX_SEQUENCE}")
