@@ -212,7 +212,7 @@ async def test_bad_model_node_is_skipped_and_session_sticks_to_the_good_one(net,
     me, nodes, model, _ = net
     impostor = EchoModelNode(tmp_path / "impostor", me.directory.path, cloves=CLOVES, params=FAST)
     await impostor.start()
-    registered_id = impostor.record.node_id
+    registered_id = impostor.record.node_id_hex
     # from now on it signs with a key other than the one the directory binds to its id
     impostor.keys = dataclasses.replace(impostor.keys, identity=type(impostor.keys.identity).generate())
     try:
@@ -281,7 +281,7 @@ async def test_a_busy_node_says_so_and_the_user_moves_on_at_once(net, tmp_path):
             await node.refresh_directory()
         loop = asyncio.get_running_loop()
         with pytest.raises(AskError) as err:
-            await me.ask(PROMPT, node_id=busy.record.node_id)
+            await me.ask(PROMPT, node_id=busy.record.node_id_hex)
         assert "busy" in str(err.value)
         assert busy.intake.drops.as_dict().get("busy", 0) >= 1
         started = loop.time()

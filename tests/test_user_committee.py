@@ -61,7 +61,7 @@ async def test_user_nodes_register_with_the_committee_and_build_paths(committee,
             if len(me.directory.users()) == 5:
                 break
             await asyncio.sleep(0.5)
-        registered = {u.node_id: u for u in me.directory.users()}
+        registered = {u.node_id_hex: u for u in me.directory.users()}
         assert set(registered) == {n.node_id_hex for n in nodes}
         assert registered[nodes[3].node_id_hex].onion_key == nodes[3].keys.onion.public_key
         for node in nodes:
@@ -77,7 +77,7 @@ async def test_user_nodes_register_with_the_committee_and_build_paths(committee,
         nodes[4] = moved
         for _ in range(60):
             await me.refresh_directory()
-            entry = {u.node_id: u for u in me.directory.users()}[moved.node_id_hex]
+            entry = {u.node_id_hex: u for u in me.directory.users()}[moved.node_id_hex]
             if entry.address == moved.address:
                 break
             await asyncio.sleep(0.5)
