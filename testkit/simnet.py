@@ -1,0 +1,609 @@
+"""A seeded, virtual-time network of real consensus validators (test tooling).
+
+Each instance is one validator process made of the real parts: `Driver` (with its
+`HeightStateMachine` and `VoteKeeper`), the real `WriteAheadLog` and the real `PrivValidator`
+with its sign-state file, both in a scratch directory, and a block store that survives
+crashes. The application is `KvHost`, a small deterministic key-value stand-in.
+
+Time is virtual: events (message deliveries, timers, ticks, crashes) are popped from a heap in
+time order, so a run is a pure function of its inputs and its seed. What the network does to a
+message is asked of a `Policy` (delays; none: dropped; two: duplicated). A crash kills an
+instance between two events or inside a signature (before the signer runs, or after its state
+is durable but before the message is logged or sent), or right after a decision before the
+block is stored; the write-ahead log then keeps what was synced plus a random part of what was
+written after (a torn tail included), exactly what a kill -9 or a power cut can leave.
+
+Byzantine instances run the same honest code; a `Behaviour` rewrites what they send (conflicting
+signed messages, junk votes, poisoned blocks, omissions). Twins are two instances with one key.
+An `Observer` sees every message on the wire and every signature, for the safety checks in
+testkit/schedules.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from gentorrent.config import CONSENSUS_FAST, ConsensusTimeouts
+from gentorrent.crypto.keys import Identity
+from verifier.consensus.driver import (
+    Broadcast,
+    Decide,
+    Driver,
+    NeedBlock,
+    Refused,
+    StartTimer,
+    TimeoutFired,
+)
+from verifier.consensus.privval import PrivValidator
+from gentorrent.ledger.chain import (
+    Block,
+    Commit,
+    CommitError,
+    Proposal,
+    Step,
+    Validator,
+    ValidatorSet,
+    Vote,
+    make_block,
+    verify_commit,
+)
+from verifier.consensus.wal import WriteAheadLog
+
+CHAIN = "sim-chain"
+#: how long an instance waits after asking a peer for a block before asking again
+CATCHUP_DELAY_S = 0.05
+
+
+def identities(n: int, seed: int = 0) -> list[Identity]:
+    return [Identity.from_seed(hashlib.sha256(f"val-{seed}-{i}".encode()).digest()) for i in range(n)]
+
+
+def validator_set(n: int, seed: int = 0, powers: list[int] | None = None) -> ValidatorSet:
+    """The committee of `Network(n, seed, powers=powers)`."""
+    return ValidatorSet([Validator(i.public_key, (powers or [1] * n)[k]) for k, i in enumerate(identities(n, seed))])
+
+
+class KvHost:
+    """A deterministic toy application: txs are b"k=v"; app hash chains the block's txs."""
+
+    def __init__(self, validators: ValidatorSet, me: int, clock: Callable[[], float]) -> None:
+        self.validators = validators
+        self.me = me
+        self.clock = clock
+        self.height = 0
+        self.app_hash = hashlib.sha256(b"genesis").digest()
+        self.last_block_hash = b""
+        self.last_commit: Commit | None = None
+        self.last_time_ms = 0
+        self.kv: dict[bytes, bytes] = {}
+        self.mempool: list[bytes] = []
+
+    def make_block(self, height, round_, evidence) -> Block:
+        txs = tuple(self.mempool[:4])
+        t = max(self.last_time_ms + 1, int(self.clock() * 1000))
+        return make_block(CHAIN, height, t, self.validators[self.me].public_key, self.last_block_hash,
+                          self.last_commit, txs, self.validators, self.app_hash, evidence)
+
+    def validate_block(self, block: Block) -> bool:
+        h = block.header
+        if (h.height != self.height + 1 or h.chain_id != CHAIN or h.last_block_hash != self.last_block_hash
+                or h.last_app_hash != self.app_hash or h.time_ms <= self.last_time_ms
+                or h.validators_hash != self.validators.hash()
+                or self.validators.index_of(h.proposer) is None):
+            return False
+        if any(b"=" not in tx for tx in block.txs):
+            return False
+        if self.height >= 1:
+            try:
+                verify_commit(block.last_commit, CHAIN, self.validators, self.height, self.last_block_hash)
+            except (CommitError, AttributeError):
+                return False
+        return True
+
+    def apply(self, block: Block, commit: Commit) -> None:
+        for tx in block.txs:
+            k, _, v = tx.partition(b"=")
+            self.kv[k] = v
+        self.app_hash = hashlib.sha256(self.app_hash + block.header.data_hash).digest()
+        self.height = block.height
+        self.last_block_hash = block.hash()
+        self.last_commit = commit
+        self.last_time_ms = block.header.time_ms
+        done = set(block.txs)
+        self.mempool = [tx for tx in self.mempool if tx not in done]
+
+
+class Crash(Exception):
+    """Raised inside an instance to kill it at exactly this point (nothing after runs)."""
+
+
+# --------------------------------------------------------------------------- policies
+
+
+class Policy(Protocol):
+    def delays(self, net: Network, src: Instance, dst: Instance, msg) -> list[float]:
+        """When `msg` from `src` reaches `dst`, as delays from now: [] drops it, two duplicate it."""
+
+
+@dataclass
+class FixedDelay:
+    """Every message arrives after `delay` seconds, unless `drop(net, src, dst, msg)` says no."""
+
+    delay: float = 0.01
+    drop: Callable[[Network, Instance, Instance, object], bool] | None = None
+
+    def delays(self, net, src, dst, msg) -> list[float]:
+        if self.drop is not None and self.drop(net, src, dst, msg):
+            return []
+        return [self.delay]
+
+
+class Behaviour(Protocol):
+    """What a Byzantine instance sends instead of an honest message to one peer."""
+
+    def outgoing(self, net: Network, inst: Instance, dst: Instance, msg) -> list:
+        ...
+
+
+@dataclass(frozen=True)
+class BlockReply:
+    """A decided block with its commit, sent to a node that is catching up."""
+
+    block: Block
+    commit: Commit
+
+    @property
+    def height(self) -> int:
+        return self.block.height
+
+
+@dataclass
+class SignCrash:
+    """Kill `instance` at the first signature matching `when(step, height, round)`: "before" the
+    signer runs, "after" its state is durable (the message is then neither logged nor sent), or
+    "after_send", once the input that caused the signature has been handled (message sent)."""
+
+    instance: int
+    when: Callable[[Step, int, int], bool]
+    point: str = "after"
+    down_for: float | None = None  # None: it never comes back
+    fired: bool = False
+
+
+@dataclass
+class DecideCrash:
+    """Kill `instance` right after its n-th decision, before the block is stored."""
+
+    instance: int
+    nth: int
+    down_for: float | None = None
+    fired: bool = False
+
+
+# --------------------------------------------------------------------------- instances
+
+
+@dataclass
+class Instance:
+    id: int
+    validator: int
+    identity: Identity
+    home: Path
+    honest: bool
+    alive: bool = True
+    epoch: int = 0
+    wal: WriteAheadLog | None = None
+    privval: PrivValidator | None = None
+    host: KvHost | None = None
+    driver: Driver | None = None
+    store: dict[int, tuple[Block, Commit]] = field(default_factory=dict)  # durable
+    synced: int = 0  # WAL bytes known to be on disk
+    wal_ino: int = 0
+    signatures: int = 0
+    decisions: int = 0
+    height_started: float = 0.0
+    catchup_pending: bool = False
+    restarts: int = 0
+    refused: list = field(default_factory=list)
+
+
+class _Signer:
+    """The instance's PrivValidator, with crash points around it and the observer told."""
+
+    def __init__(self, net: Network, inst: Instance) -> None:
+        self.net, self.inst = net, inst
+
+    def sign(self, step: Step, height: int, round_: int, sign_bytes: bytes) -> bytes:
+        self.inst.signatures += 1
+        trigger = self.net._sign_trigger(self.inst, step, height, round_)
+        if trigger is not None and trigger.point == "before":
+            raise Crash()
+        sig = self.inst.privval.sign(step, height, round_, sign_bytes)
+        self.net.observer.signed(self.inst, step, height, round_, sign_bytes)
+        if trigger is not None and trigger.point == "after":
+            raise Crash()
+        return sig
+
+
+# --------------------------------------------------------------------------- observer
+
+
+class Observer:
+    """Everything the safety checks need: messages on the wire, signatures, decisions."""
+
+    def __init__(self, validators: ValidatorSet) -> None:
+        self.validators = validators
+        #: (validator, height, round, step) -> sign bytes of every honest signature and message
+        self.signatures: dict[tuple[int, int, int, int], set[bytes]] = {}
+        self.sent: dict[tuple[int, int, int, int], set[bytes]] = {}
+        #: (height, round, type, value) -> validators that signed such a vote (seen on the wire)
+        self.votes: dict[tuple[int, int, int, bytes], set[int]] = {}
+        #: honest validator -> [(height, round, type, value)] it signed, for lock discipline
+        self.honest_votes: dict[int, set[tuple[int, int, int, bytes]]] = {}
+        #: instance -> {height: block hash} of every decision (across restarts)
+        self.decisions: dict[int, dict[int, set[bytes]]] = {}
+        self.decided_blocks: dict[tuple[int, bytes], tuple[Block, Commit]] = {}
+
+    def signed(self, inst: Instance, step: Step, height: int, round_: int, sign_bytes: bytes) -> None:
+        if inst.honest:
+            self.signatures.setdefault((inst.validator, height, round_, int(step)), set()).add(sign_bytes)
+
+    def wire(self, msg, honest_sender: bool) -> None:
+        step = int(Step.PROPOSE) if isinstance(msg, Proposal) else int(msg.type)
+        if honest_sender:
+            self.sent.setdefault((msg.validator, msg.height, msg.round, step), set()).add(msg.sign_bytes(CHAIN))
+        if isinstance(msg, Vote):
+            self.votes.setdefault((msg.height, msg.round, int(msg.type), msg.block_hash), set()).add(msg.validator)
+            if honest_sender:
+                self.honest_votes.setdefault(msg.validator, set()).add(
+                    (msg.height, msg.round, int(msg.type), msg.block_hash))
+
+    def decided(self, inst: Instance, block: Block, commit: Commit) -> None:
+        self.decisions.setdefault(inst.id, {}).setdefault(block.height, set()).add(block.hash())
+        self.decided_blocks[(block.height, block.hash())] = (block, commit)
+
+
+# --------------------------------------------------------------------------- the network
+
+
+class Network:
+    """n validators (plus twins) on a simulated network; see the module docstring."""
+
+    def __init__(self, n: int = 4, seed: int = 0, policy: Policy | None = None,
+                 powers: list[int] | None = None, byzantine: dict[int, Behaviour] | None = None,
+                 twins: tuple[int, ...] = (), timeouts: ConsensusTimeouts = CONSENSUS_FAST,
+                 rotate_bytes: int = 8 * 1024 * 1024, txs_per_node: int = 6,
+                 wal_loss: str = "random", workdir: Path | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.now = 0.0
+        self.policy = policy or FixedDelay()
+        self.timeouts = timeouts
+        self.rotate_bytes = rotate_bytes
+        self.wal_loss = wal_loss  # "random" (any cut from the last sync on), "all" or "none"
+        self.tick_s = max(0.2, timeouts.propose_s)
+        self._seq = itertools.count()
+        self._events: list = []
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gt-simnet-", dir=_scratch_root()))
+        ids = identities(n, seed)
+        self.validators = validator_set(n, seed, powers)
+        self.behaviour: dict[int, Behaviour] = dict(byzantine or {})  # instance id -> behaviour
+        faulty = set(self.behaviour) | set(twins)
+        self.observer = Observer(self.validators)
+        self.instances: list[Instance] = []
+        for k in list(range(n)) + list(twins):
+            inst = Instance(len(self.instances), k, ids[k], self.workdir / f"i{len(self.instances)}",
+                            honest=k not in faulty)
+            inst.home.mkdir(parents=True)
+            self.instances.append(inst)
+        self.mempools = {k: [f"n{k}-tx{j}=v{j}".encode() for j in range(txs_per_node)] for k in range(n)}
+        self._pending_down: dict[int, float | None] = {}  # instance -> down time of a crash in flight
+        self.trace: list[str] | None = None  # a list: every send, delivery and decision is noted
+        self.sign_crashes: list[SignCrash] = []
+        self.decide_crashes: list[DecideCrash] = []
+        self.partitions: list[tuple[float, float, list[set[int]]]] = []  # over instance ids
+        for inst in self.instances:
+            self._boot(inst)
+            self._push(self.tick_s, "tick", inst.id, inst.epoch)
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        for inst in self.instances:
+            if inst.alive:
+                inst.wal.close()
+                inst.privval.close()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Network:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def honest(self) -> list[Instance]:
+        return [i for i in self.instances if i.honest]
+
+    def crash_at(self, at: float, instance: int, down_for: float | None) -> None:
+        self._push(at, "crash", instance, down_for)
+
+    # -- plumbing
+
+    def _push(self, at: float, kind: str, *args) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, args))
+
+    def connected(self, a: int, b: int) -> bool:
+        for start, end, groups in self.partitions:
+            if start <= self.now < end:
+                return any(a in g and b in g for g in groups)
+        return True
+
+    def _boot(self, inst: Instance) -> None:
+        inst.wal = WriteAheadLog(inst.home / "cs.wal", rotate_bytes=self.rotate_bytes)
+        inst.synced, inst.wal_ino = _size_ino(inst.wal.path)
+        inst.privval = PrivValidator(inst.identity, inst.home / "sign_state", before_sign=lambda: self._sync(inst))
+        inst.host = KvHost(self.validators, inst.validator, lambda: self.now)
+        for h in sorted(inst.store):
+            inst.host.apply(*inst.store[h])
+        done = {tx for b, _ in inst.store.values() for tx in b.txs}
+        inst.host.mempool = [tx for tx in self.mempools[inst.validator] if tx not in done]
+        inst.driver = Driver(CHAIN, self.validators, inst.validator, _Signer(self, inst), inst.host,
+                             self.timeouts, journal=inst.wal.append)
+        inst.height_started = self.now
+        h = inst.host.height + 1
+        self._run(inst, lambda: inst.driver.start_height(h, replay=inst.wal.events_for_height(h)))
+
+    def _sync(self, inst: Instance) -> None:
+        inst.wal.sync()
+        inst.synced, inst.wal_ino = _size_ino(inst.wal.path)
+
+    def _run(self, inst: Instance, call: Callable[[], list]) -> None:
+        """One input into an instance, then its effects; a Crash anywhere kills it there."""
+        try:
+            self._perform(inst, call())
+        except Crash:
+            self._kill(inst, self._pending_down.pop(inst.id, None))
+            return
+        if inst.id in self._pending_down and inst.alive:  # a crash "after_send"
+            self._kill(inst, self._pending_down.pop(inst.id))
+
+    def _sign_trigger(self, inst: Instance, step: Step, height: int, round_: int) -> SignCrash | None:
+        for c in self.sign_crashes:
+            if not c.fired and c.instance == inst.id and c.when(step, height, round_):
+                c.fired = True
+                self._pending_down[inst.id] = c.down_for
+                return c
+        return None
+
+    # -- effects
+
+    def _perform(self, inst: Instance, effects) -> None:
+        for e in effects:
+            if not inst.alive:
+                return
+            if isinstance(e, Broadcast):
+                self.broadcast(inst, e.message)
+            elif isinstance(e, StartTimer):
+                self._push(self.now + e.seconds, "timer", inst.id, inst.epoch, e.step, e.height, e.round)
+            elif isinstance(e, Decide):
+                self._decide(inst, e, catching_up=False)
+            elif isinstance(e, NeedBlock):
+                if not inst.catchup_pending:
+                    inst.catchup_pending = True
+                    self._push(self.now + CATCHUP_DELAY_S, "catchup", inst.id, inst.epoch, e.height, e.peer)
+            elif isinstance(e, Refused):
+                inst.refused.append(e)
+
+    def broadcast(self, inst: Instance, msg) -> None:
+        for dst in self.instances:
+            if dst.id != inst.id:
+                self.send(inst, dst, msg)
+
+    def send(self, src: Instance, dst: Instance, msg) -> None:
+        """One message from src to dst, as the Byzantine behaviour and the network have it."""
+        behaviour = self.behaviour.get(src.id)
+        out = behaviour.outgoing(self, src, dst, msg) if behaviour else [msg]
+        for m in out:
+            self.transmit(src, dst, m)
+
+    def transmit(self, src: Instance, dst: Instance, msg) -> None:
+        if self.trace is not None:
+            self.trace.append(f"{self.now:8.3f} send {src.id}->{dst.id} {describe(msg)}")
+        if isinstance(msg, (Proposal, Vote)):
+            self.observer.wire(msg, self.instances_of(msg.validator)[0].honest)
+        if not self.connected(src.id, dst.id):
+            return
+        for d in self.policy.delays(self, src, dst, msg):
+            self._push(self.now + d, "deliver", src.id, dst.id, dst.epoch, msg)
+
+    def instances_of(self, validator: int) -> list[Instance]:
+        return [i for i in self.instances if i.validator == validator]
+
+    def _decide(self, inst: Instance, d: Decide, catching_up: bool) -> None:
+        inst.decisions += 1
+        if self.trace is not None:
+            self.trace.append(f"{self.now:8.3f} DECIDE {inst.id} h={d.block.height} {d.block.hash().hex()[:8]}")
+        self.observer.decided(inst, d.block, d.commit)
+        for c in self.decide_crashes:
+            if not c.fired and c.instance == inst.id and c.nth == inst.decisions:
+                c.fired = True
+                self._pending_down[inst.id] = c.down_for
+                raise Crash()
+        h = d.block.height
+        inst.store[h] = (d.block, d.commit)
+        inst.host.apply(d.block, d.commit)
+        inst.wal.end_height(h)
+        size, ino = _size_ino(inst.wal.path)
+        if ino != inst.wal_ino:  # rotated: the new file was written and synced whole
+            inst.synced, inst.wal_ino = size, ino
+        inst.driver.block_applied(d.block)
+        delay = 0.0 if catching_up else max(0.0, self.timeouts.commit_s)
+        self._push(self.now + delay, "start_next", inst.id, inst.epoch)
+
+    # -- events
+
+    def run(self, until: float, stop: Callable[[Network], bool] | None = None) -> None:
+        while self._events and self._events[0][0] <= until:
+            at, _, kind, args = heapq.heappop(self._events)
+            self.now = at
+            getattr(self, f"_on_{kind}")(*args)
+            if stop is not None and stop(self):
+                return
+        self.now = max(self.now, until)
+
+    def _live(self, k: int, epoch: int) -> Instance | None:
+        inst = self.instances[k]
+        return inst if inst.alive and inst.epoch == epoch else None
+
+    def _on_deliver(self, src: int, dst: int, epoch: int, msg) -> None:
+        inst = self._live(dst, epoch)
+        if inst is None or not self.connected(src, dst):
+            return
+        if self.trace is not None:
+            self.trace.append(f"{self.now:8.3f} recv {src}->{dst} {describe(msg)}")
+        if isinstance(msg, BlockReply):
+            self._on_block(inst, msg)
+        else:
+            self.receive(inst, msg)
+
+    def receive(self, inst: Instance, msg) -> None:
+        """What the node's Consensus handler does: write ahead what changes state, then handle."""
+        def handle():
+            if inst.driver.admits(msg):
+                inst.wal.append(msg)
+            return inst.driver.on_message(msg)
+        self._run(inst, handle)
+
+    def _on_timer(self, k: int, epoch: int, step: Step, height: int, round_: int) -> None:
+        inst = self._live(k, epoch)
+        if inst is None:
+            return
+
+        def fire():
+            if height == inst.driver.height:
+                inst.wal.append(TimeoutFired(step, height, round_))
+            return inst.driver.on_timeout(step, height, round_)
+        self._run(inst, fire)
+
+    def _on_tick(self, k: int, epoch: int) -> None:
+        inst = self._live(k, epoch)
+        if inst is None:
+            return
+        self._push(self.now + self.tick_s, "tick", k, epoch)
+        if self.now - inst.height_started >= self.tick_s:
+            self._run(inst, inst.driver.rebroadcast)
+            if inst.alive:
+                self._perform(inst, [NeedBlock(inst.driver.height, None)])
+
+    def _on_start_next(self, k: int, epoch: int) -> None:
+        inst = self._live(k, epoch)
+        if inst is None or inst.driver.height > inst.host.height:
+            return
+        inst.height_started = self.now
+        self._run(inst, lambda: inst.driver.start_height(inst.host.height + 1))
+
+    def _on_catchup(self, k: int, epoch: int, height: int, peer: int | None) -> None:
+        inst = self._live(k, epoch)
+        if inst is None:
+            return
+        inst.catchup_pending = False
+        if inst.host.height >= height:
+            return
+        if peer is not None:
+            sources = self.instances_of(peer)
+        else:
+            sources = [i for i in self.instances if i.id != k]
+        src = self.rng.choice(sources)
+        want = inst.host.height + 1
+        if src.alive and want in src.store:
+            self.send(src, inst, BlockReply(*src.store[want]))
+
+    def _on_block(self, inst: Instance, reply: BlockReply) -> None:
+        try:
+            for e in inst.driver.on_decided_block(reply.block, reply.commit):
+                if isinstance(e, Decide):
+                    self._decide(inst, e, catching_up=True)
+        except Crash:
+            self._kill(inst, self._pending_down.pop(inst.id, None))
+
+    def _on_crash(self, k: int, down_for: float | None) -> None:
+        inst = self.instances[k]
+        if inst.alive:
+            self._kill(inst, down_for)
+
+    def _on_restart(self, k: int, epoch: int) -> None:
+        inst = self.instances[k]
+        if inst.alive or inst.epoch != epoch:
+            return
+        if self.trace is not None:
+            self.trace.append(f"{self.now:8.3f} RESTART {inst.id}")
+        inst.alive = True
+        inst.restarts += 1
+        inst.catchup_pending = False
+        self._boot(inst)
+        self._push(self.now + self.tick_s, "tick", inst.id, inst.epoch)
+
+    def _kill(self, inst: Instance, down_for: float | None) -> None:
+        """kill -9: the WAL keeps what was synced and maybe part of what was written after."""
+        if self.trace is not None:
+            self.trace.append(f"{self.now:8.3f} CRASH {inst.id}")
+        inst.alive = False
+        inst.epoch += 1
+        inst.driver = None
+        inst.wal.close()  # (everything reaches the file; the cut below decides what survived)
+        inst.privval.close()
+        size = os.path.getsize(inst.wal.path)
+        keep = {"all": inst.synced, "none": size}.get(self.wal_loss)
+        if keep is None:
+            keep = self.rng.randint(inst.synced, size) if size > inst.synced else size
+        os.truncate(inst.wal.path, min(size, max(inst.synced, keep)))
+        if down_for is not None:
+            self._push(self.now + down_for, "restart", inst.id, inst.epoch)
+
+    def restart(self, k: int) -> None:
+        inst = self.instances[k]
+        if not inst.alive:
+            self._on_restart(k, inst.epoch)
+
+    # -- queries
+
+    def heights(self) -> dict[int, int]:
+        return {i.id: (i.host.height if i.host else 0) for i in self.instances}
+
+    def min_honest_height(self) -> int:
+        return min(i.host.height for i in self.honest())
+
+
+def describe(msg) -> str:
+    """A short line for traces."""
+    if isinstance(msg, Vote):
+        value = msg.block_hash.hex()[:8] if msg.block_hash else "nil"
+        return f"{msg.type.name.lower()} v{msg.validator} h={msg.height} r={msg.round} {value}"
+    if isinstance(msg, Proposal):
+        return (f"proposal v{msg.validator} h={msg.height} r={msg.round} pol={msg.pol_round} "
+                f"{msg.block.hash().hex()[:8]}")
+    if isinstance(msg, BlockReply):
+        return f"block h={msg.height} {msg.block.hash().hex()[:8]}"
+    return type(msg).__name__
+
+
+def _size_ino(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_ino
+
+
+def _scratch_root() -> str | None:
+    """Simulated disks live in memory when the machine has a tmpfs (fsync costs nothing)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
