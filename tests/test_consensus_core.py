@@ -127,6 +127,28 @@ def test_vote_keeper_counts_power_and_keeps_equivocation_as_evidence():
     assert k.round_power(0) == 5
 
 
+def test_junk_votes_neither_hide_a_real_vote_nor_grow_the_keeper():
+    """A Byzantine validator signs 100 junk values before its real prevote: the real one is
+    counted once its value has f+1 support, and the keeper stores at most three of its votes."""
+    k = VoteKeeper(VALS, 1)
+    real = block(t=7)
+    for j in range(100):
+        junk = vote(VoteType.PREVOTE, 0, block(t=100 + j), 3)
+        assert k.add(junk) in (AddOutcome.ADDED, AddOutcome.EQUIVOCATION)
+    assert len(k.votes(0, VoteType.PREVOTE)) == 1 and len(k.evidence) == 1
+    late = vote(VoteType.PREVOTE, 0, real, 3)
+    assert k.would_change(late) is False  # no support yet: dropped, not even signature-checked
+    assert k.add(late) is AddOutcome.EQUIVOCATION and not k.has_vote(late)
+    k.add(vote(VoteType.PREVOTE, 0, real, 0))
+    k.add(vote(VoteType.PREVOTE, 0, real, 1))  # f + 1 = 2 honest votes: the value is supported
+    assert k.would_change(late) is True
+    assert k.add(late) is AddOutcome.EQUIVOCATION and k.has_vote(late)
+    assert k.has_quorum_for(0, VoteType.PREVOTE, real.hash())  # the polka others locked on
+    assert k.power_any(0, VoteType.PREVOTE) == 3  # the equivocator still counts once towards "any"
+    assert len([v for v in k.votes(0, VoteType.PREVOTE) if v.validator == 3]) == 2
+    assert len(k.evidence) == 1  # one piece of evidence per validator and step is enough
+
+
 # --------------------------------------------------------------------------- locking rules
 
 

@@ -85,7 +85,7 @@ class JunkPrevotesFirst:
         return junk + [msg]
 
 
-@pytest.mark.parametrize("junk", [pytest.param(4, id="attack", marks=OPEN), pytest.param(0, id="control")])
+@pytest.mark.parametrize("junk", [pytest.param(4, id="attack"), pytest.param(0, id="control")])
 def test_junk_votes_do_not_hide_a_byzantine_validators_real_prevote(junk):
     """0 misses the round-0 proposal and prevotes nil; 1 and 2 lock on the block with 3's real
     prevote. 0 must count that prevote to accept the block again with its proof of lock.

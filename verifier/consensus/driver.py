@@ -218,7 +218,7 @@ class Driver:
             return False
         if isinstance(msg, Proposal):
             return msg.round not in self.sm.proposals and self._authentic(msg)
-        return (0 <= msg.validator < len(self.validators) and not self.sm.votes.has_vote(msg)
+        return (0 <= msg.validator < len(self.validators) and self.sm.votes.would_change(msg)
                 and self._authentic(msg))
 
     def buffered_future(self) -> tuple[int, int]:
@@ -338,8 +338,8 @@ class Driver:
         assert self.sm is not None
         if v.validator >= len(self.validators):
             return []
-        if self.sm.votes.has_vote(v):
-            return []  # exact duplicate: skip the signature check
+        if not self.sm.votes.would_change(v):
+            return []  # a duplicate, or an unsupported extra value: skip the signature check
         if not v.signed_by(self.chain_id, self.validators[v.validator].public_key):
             log.debug("badly signed vote from %d", v.validator)
             return []
