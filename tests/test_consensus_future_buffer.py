@@ -114,3 +114,19 @@ def test_write_ahead_filter_for_the_current_height():
     assert d.admits(p)
     d.on_message(p)
     assert not d.admits(proposal(1, 1, big_block(1, 2, size=10)))  # a second proposal for the round
+
+
+def test_a_header_with_a_foreign_body_is_neither_logged_nor_remembered():
+    """A proposal signs only the header hash: a proposer of a later round re-sending the honest
+    block's header with another body must leave no trace, or the honest block (known by that
+    hash) would be taken for invalid for the rest of the height."""
+    d = driver()
+    honest = big_block(1, 1, size=10)
+    poisoned = Block(honest.header, (b"other body",), honest.last_commit, honest.evidence)
+    later = proposal(1, 1, poisoned)
+    for msg in (later, proposal(2, 0, Block(big_block(2, 3, size=10).header, (b"x",)))):
+        assert not d.admits(msg)
+        assert d.on_message(msg) == [] and d.buffered_future() == (0, 0)
+    assert 1 not in d.sm.proposals and honest.hash() not in d.sm.blocks
+    d.on_message(proposal(1, 0, honest))
+    assert d.sm.blocks[honest.hash()] == (honest, True)

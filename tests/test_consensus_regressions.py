@@ -120,7 +120,7 @@ class PoisonedHeader:
         return [signed(inst, Proposal(1, 1, -1, body, inst.validator))]
 
 
-@pytest.mark.parametrize("poison", [pytest.param(True, id="attack", marks=OPEN), pytest.param(False, id="control")])
+@pytest.mark.parametrize("poison", [pytest.param(True, id="attack"), pytest.param(False, id="control")])
 def test_a_header_with_a_foreign_body_does_not_poison_the_honest_block(poison):
     """(Control: 2 sends the victim its real prevote instead of the poisoned proposal.)"""
     victim = 0

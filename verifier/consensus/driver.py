@@ -146,6 +146,7 @@ class Driver:
         self._future_use: dict[int, tuple[int, int]] = {}  # validator -> (messages, bytes) buffered
         self._own: dict[tuple[int, Step], Proposal | Vote] = {}  # (round, step) -> signed msg
         self._validity: dict[bytes, bool] = {}
+        self._checked: Proposal | Vote | None = None  # the last message found authentic
         self.pending_evidence: list[DuplicateVoteEvidence] = []
         self.committed_evidence: set[DuplicateVoteEvidence] = set()
         self.decided: Decide | None = None
@@ -231,12 +232,30 @@ class Driver:
 
     def _authentic(self, msg: Proposal | Vote) -> bool:
         """Signed by the validator it names; a proposal also by that round's proposer (the
-        caller bounded the round: proposer selection costs O(round))."""
+        caller bounded the round: proposer selection costs O(round)), and with a block whose
+        body hashes to its header. A proposal signs only the header hash, and blocks are known
+        by that hash (validity cache, the machine's blocks): a header with a foreign body must
+        be dropped before anything about it is remembered, or it poisons the honest block for
+        the rest of the height. The last message found authentic is remembered (by identity):
+        the shell asks `admits` and then hands the same object to `on_message`."""
+        if msg is self._checked:
+            return True
         if not 0 <= msg.validator < len(self.validators):
             return False
         if not msg.signed_by(self.chain_id, self.validators[msg.validator].public_key):
+            log.debug("badly signed %s from %d", type(msg).__name__, msg.validator)
             return False
-        return not isinstance(msg, Proposal) or msg.validator == self.validators.proposer(msg.height, msg.round)
+        if isinstance(msg, Proposal):
+            if msg.validator != self.validators.proposer(msg.height, msg.round):
+                log.debug("proposal from a non-proposer %d at %d/%d", msg.validator, msg.height, msg.round)
+                return False
+            try:
+                msg.block.check_internal()
+            except ValueError as exc:
+                log.warning("proposal of %d at %d/%d: %s (dropped)", msg.validator, msg.height, msg.round, exc)
+                return False
+        self._checked = msg
+        return True
 
     def _future_candidate(self, msg: Proposal | Vote) -> bool:
         return not self._far_round(msg) and _message_key(msg) not in self._future and self._authentic(msg)
@@ -303,15 +322,7 @@ class Driver:
 
     def _on_proposal(self, p: Proposal) -> list[Effect]:
         assert self.sm is not None
-        if p.round in self.sm.proposals:
-            return []
-        # the signature first: it is cheap, and proposer selection costs O(round)
-        if not 0 <= p.validator < len(self.validators) or \
-                not p.signed_by(self.chain_id, self.validators[p.validator].public_key):
-            log.debug("badly signed proposal at %d/%d", p.height, p.round)
-            return []
-        if p.validator != self.validators.proposer(p.height, p.round):
-            log.debug("proposal from a non-proposer %d at %d/%d", p.validator, p.height, p.round)
+        if p.round in self.sm.proposals or not self._authentic(p):
             return []
         if p.validator == self.me:
             self._own[(p.round, Step.PROPOSE)] = p
@@ -321,8 +332,7 @@ class Driver:
     def _valid(self, block: Block) -> bool:
         h = block.hash()
         if h not in self._validity:
-            try:
-                block.check_internal()
+            try:  # (the body matches the header: _authentic checked it)
                 for ev in block.evidence:
                     ev.check(self.chain_id, self.validators)
                     if not block.height - EVIDENCE_MAX_AGE < ev.vote_a.height <= block.height:
@@ -340,8 +350,7 @@ class Driver:
             return []
         if not self.sm.votes.would_change(v):
             return []  # a duplicate, or an unsupported extra value: skip the signature check
-        if not v.signed_by(self.chain_id, self.validators[v.validator].public_key):
-            log.debug("badly signed vote from %d", v.validator)
+        if not self._authentic(v):
             return []
         if v.validator == self.me:
             self._own.setdefault((v.round, v.step), v)
