@@ -363,7 +363,7 @@ class Network:
                              self.timeouts, journal=inst.wal.append)
         inst.height_started = self.now
         h = inst.host.height + 1
-        self._run(inst, lambda: inst.driver.start_height(h, replay=inst.wal.events_for_height(h)))
+        self._run(inst, lambda: inst.driver.start_height(h, replay=inst.wal.replay_from(h)))
 
     def _sync(self, inst: Instance) -> None:
         inst.wal.sync()

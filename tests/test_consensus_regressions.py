@@ -195,8 +195,7 @@ class SplitVotes:
         return [msg]
 
 
-@pytest.mark.parametrize("second_crash", [pytest.param(True, id="attack", marks=OPEN),
-                                          pytest.param(False, id="control")])
+@pytest.mark.parametrize("second_crash", [pytest.param(True, id="attack"), pytest.param(False, id="control")])
 def test_a_validator_restarted_twice_keeps_its_lock(second_crash):
     """Honest 3 (X) is cut off at height 1 while the others reach height 2, round 1; the
     round-1 messages of 2 (Y) and Byzantine 1 (Z) reach X early and are logged. X restarts,

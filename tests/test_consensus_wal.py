@@ -40,7 +40,7 @@ class Validator1:
         self.host = KvHost(VALS, ME, clock)
         self.driver = Driver(CHAIN, VALS, ME, self.privval, self.host, CONSENSUS_FAST, journal=self.wal.append)
         self.sent: list = []
-        self._perform(self.driver.start_height(1, replay=self.wal.events_for_height(1)))
+        self._perform(self.driver.start_height(1, replay=self.wal.replay_from(1)))
 
     def _perform(self, effects) -> None:
         self.sent += [e.message for e in effects if isinstance(e, Broadcast)]
@@ -184,3 +184,38 @@ def test_a_forged_own_vote_in_the_wal_is_not_taken_for_ours(tmp_path):
     mine = own(restarted.sent, VoteType.PREVOTE)
     assert mine and mine[-1].block_hash == v.hash()
     assert mine[-1].signed_by(CHAIN, IDS[ME].public_key)
+
+
+def test_early_messages_of_the_next_height_replay_as_they_were_handled_across_two_restarts(tmp_path):
+    """Two round-1 messages of height 2 reach the node while it is still at height 1. They are
+    inputs like any other: after a restart at height 1 the node holds them again, runs height 2
+    with them first (it skips round 0), and a second restart during height 2 replays exactly
+    that history instead of the early messages followed by what it did without them."""
+    node = Validator1(tmp_path / "a")
+    others = [i for i in range(4) if i != ME]
+    early = [signed_vote(VoteType.PREVOTE, 1, NIL, i, height=2) for i in others[:2]]
+    for m in early:
+        node.receive(m)
+    node.wal.sync()
+    restarted = Validator1(kill(tmp_path / "a", tmp_path / "b"))
+    assert restarted.driver.buffered_future()[0] == 2  # held again, not only on disk
+
+    v = restarted.host.make_block(1, 0, ())
+    restarted.receive(signed_proposal(0, v))
+    for i in others:
+        restarted.receive(signed_vote(VoteType.PREVOTE, 0, v.hash(), i))
+    for i in others:
+        restarted.receive(signed_vote(VoteType.PRECOMMIT, 0, v.hash(), i))
+    decided = restarted.driver.decided
+    assert decided is not None and decided.block == v
+    restarted.host.apply(decided.block, decided.commit)
+    restarted.wal.end_height(1)
+    restarted.driver.start_height(2)
+    assert restarted.driver.sm.round == 1  # the early round-1 messages came first
+    restarted.wal.sync()
+
+    again = WriteAheadLog(kill(tmp_path / "b", tmp_path / "c") / "cs.wal")
+    third = Driver(CHAIN, VALS, ME, PrivValidator(IDS[ME], tmp_path / "c" / "sign_state.json"),
+                   restarted.host, CONSENSUS_FAST)
+    third.start_height(2, replay=again.replay_from(2))
+    assert third.sm.round == 1 and third.sm.votes.round_power(1) == 2

@@ -156,34 +156,43 @@ class Driver:
     def start_height(self, height: int, replay: list["Proposal | Vote | TimeoutFired"] = ()) -> list[Effect]:
         """Enter `height` (after the previous block was applied by the host).
 
-        `replay` are the events of this height from the write-ahead log of a node that
-        restarted: own signed messages among them are known *before* the machine starts, so
-        it re-proposes and re-votes exactly what it signed before the crash.
+        `replay` are the inputs from the write-ahead log of a node that restarted (`replay_from`
+        of the WAL): those of this height, and messages of the next height that arrived early,
+        in the order they were handled. The machine sees exactly the inputs the node processed
+        before the crash, in the same order: the early messages go back into the next-height
+        buffer (and are handed to the machine first when that height starts, as they were), so
+        a second restart replays what this incarnation really processed. Own signed messages
+        are known *before* the machine starts, so it re-proposes and re-votes exactly what it
+        signed before the crash.
         """
+        carried = list(self._future.values())  # early messages of this height (no restart)
+        self._future, self._future_use = {}, {}
         self.height = height
         self.sm = HeightStateMachine(height, self.validators, self.me)
         self._own = {}
         self._validity = {}
         self.decided = None
-        for ev in replay:  # (the WAL also holds received messages: check it is really ours)
-            if (isinstance(ev, (Proposal, Vote)) and ev.height == height and ev.validator == self.me
+        current = [ev for ev in replay if ev.height == height]
+        for ev in current:  # (the WAL also holds received messages: check it is really ours)
+            if (isinstance(ev, (Proposal, Vote)) and ev.validator == self.me
                     and ev.signed_by(self.chain_id, self.validators[self.me].public_key)):
                 self._own.setdefault((ev.round, Step.PROPOSE if isinstance(ev, Proposal) else ev.step), ev)
-        for ev in replay:
-            if (isinstance(ev, Proposal) and ev.height == height and ev.validator == self.me and not ev.signature
+        for ev in current:
+            if (isinstance(ev, Proposal) and ev.validator == self.me and not ev.signature
                     and (ev.round, Step.PROPOSE) not in self._own):
                 self._recover_proposal(ev)
         effects = self._run(self.sm.start())
+        for msg in carried:
+            effects += self.on_message(msg)
         for ev in replay:
-            if self.decided:
-                break
-            if isinstance(ev, TimeoutFired):
+            if ev.height == height + 1 and not isinstance(ev, TimeoutFired):
+                effects += self.on_message(ev)  # back into the next-height buffer
+            elif ev.height != height or self.decided:
+                continue  # (inputs after the decision changed nothing then either)
+            elif isinstance(ev, TimeoutFired):
                 effects += self.on_timeout(ev.step, ev.height, ev.round)
             else:
                 effects += self.on_message(ev)
-        buffered, self._future, self._future_use = list(self._future.values()), {}, {}
-        for msg in buffered:
-            effects += self.on_message(msg)
         return effects
 
     def on_message(self, msg: Proposal | Vote) -> list[Effect]:

@@ -285,7 +285,7 @@ class VerifierNode:
             peer.task = asyncio.create_task(self._sender(peer))
             self.peers[i] = peer
         h = self.host.height + 1
-        self._perform(self.driver.start_height(h, replay=self.wal.events_for_height(h)))
+        self._perform(self.driver.start_height(h, replay=self.wal.replay_from(h)))
         self._tasks.append(asyncio.create_task(self._ticker()))
         log.info("verifier %s (%s) serving on port %d at height %d", self.identity.node_id_hex[:12],
                  "validator %d" % self.me if self.me is not None else "observer", self.port, h)

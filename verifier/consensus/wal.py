@@ -4,7 +4,8 @@ Every input that can change what this node signs (messages received, own signed 
 timeouts fired) is appended before it is handed to the driver. Appends are buffered; `sync`
 (flush + fsync) runs before every signature (the PrivValidator's `before_sign`), so all the
 inputs that led to a signature are durable before the signature exists. A node killed at any
-point restarts, replays the inputs of its current height through a fresh driver, reaches the
+point restarts, replays the inputs of its current height (and the early messages of the next
+one, which go back into the driver's next-height buffer) through a fresh driver, reaches the
 same locked/valid state, and re-signs only what it already signed (same bytes).
 
 Record: u32 length, u32 CRC-32 of the payload, payload. A torn or corrupt tail (a crash in
@@ -104,6 +105,14 @@ class WriteAheadLog:
     def events_for_height(self, height: int) -> list[Event]:
         """The recorded inputs of `height`, in the order they happened (read at open)."""
         return [e for e in self._records if not isinstance(e, int) and e.height == height]
+
+    def replay_from(self, height: int) -> list[Event]:
+        """What a node restarting at `height` replays (Driver.start_height): the inputs of that
+        height and the messages of the next one that arrived early, in the order they were
+        handled. Early messages are inputs like any other: a node that restarts at `height`
+        must hold them again, or it would run the next height without them while its log says
+        it had them first, and a restart during that height would replay another history."""
+        return [e for e in self._records if not isinstance(e, int) and height <= e.height <= height + 1]
 
     def _read_valid(self) -> tuple[list[Event | int], int]:
         if not self.path.exists():
