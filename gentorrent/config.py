@@ -240,6 +240,11 @@ class ConsensusTimeouts:
     precommit_s: float = 1.0
     precommit_delta_s: float = 0.5
     commit_s: float = 1.0  # wait after a decision before the next height
+    # While a height makes no progress, a node sends its round state (what it holds) this often
+    # and its peers relay what it lacks (verifier/consensus/gossip.py): CometBFT's consensus
+    # reactor gossips every 100 ms; half a second keeps the cost of an idle-but-stuck committee
+    # low (one small signed message per peer) and is well below the 1 s prevote/precommit steps.
+    gossip_s: float = 0.5
     # Messages for rounds further ahead are ignored: proposer selection costs O(rounds skipped),
     # so an unbounded round number would let one message stall a validator. Honest rounds only
     # advance by timeouts, so 1000 rounds ahead means a peer has been partitioned for hours.
@@ -268,7 +273,7 @@ CONSENSUS = ConsensusTimeouts()
 #: short timeouts for tests and the loopback benchmark
 CONSENSUS_FAST = ConsensusTimeouts(
     propose_s=0.3, propose_delta_s=0.1, prevote_s=0.1, prevote_delta_s=0.05,
-    precommit_s=0.1, precommit_delta_s=0.05, commit_s=0.0,
+    precommit_s=0.1, precommit_delta_s=0.05, commit_s=0.0, gossip_s=0.1,
 )
 
 # --------------------------------------------------------------------------- model nodes

@@ -35,28 +35,12 @@ from typing import Protocol
 
 from gentorrent.config import CONSENSUS_FAST, ConsensusTimeouts
 from gentorrent.crypto.keys import Identity
-from verifier.consensus.driver import (
-    Broadcast,
-    Decide,
-    Driver,
-    NeedBlock,
-    Refused,
-    StartTimer,
-    TimeoutFired,
-)
+from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, SendTo, StartTimer,
+                                       TimeoutFired)
+from verifier.consensus.gossip import RoundState
 from verifier.consensus.privval import PrivValidator
-from gentorrent.ledger.chain import (
-    Block,
-    Commit,
-    CommitError,
-    Proposal,
-    Step,
-    Validator,
-    ValidatorSet,
-    Vote,
-    make_block,
-    verify_commit,
-)
+from gentorrent.ledger.chain import (Block, Commit, CommitError, Proposal, Step, Validator, ValidatorSet,
+                                      Vote, make_block, verify_commit)
 from verifier.consensus.wal import WriteAheadLog
 
 CHAIN = "sim-chain"
@@ -169,15 +153,22 @@ class BlockReply:
 
 @dataclass
 class SignCrash:
-    """Kill `instance` at the first signature matching `when(step, height, round)`: "before" the
-    signer runs, "after" its state is durable (the message is then neither logged nor sent), or
-    "after_send", once the input that caused the signature has been handled (message sent)."""
+    """Kill `instance` at the first signature matching `when(step, height, round)` (or at its
+    `nth` signature): "before" the signer runs, "after" its state is durable (the message is
+    then neither logged nor sent), or "after_send", once the input that caused the signature
+    has been handled (the message is sent)."""
 
     instance: int
-    when: Callable[[Step, int, int], bool]
+    when: Callable[[Step, int, int], bool] | None = None
     point: str = "after"
     down_for: float | None = None  # None: it never comes back
+    nth: int | None = None
     fired: bool = False
+
+    def matches(self, inst: "Instance", step: Step, height: int, round_: int) -> bool:
+        if self.fired or inst.id != self.instance:
+            return False
+        return inst.signatures == self.nth if self.nth is not None else self.when(step, height, round_)
 
 
 @dataclass
@@ -253,12 +244,16 @@ class Observer:
         #: instance -> {height: block hash} of every decision (across restarts)
         self.decisions: dict[int, dict[int, set[bytes]]] = {}
         self.decided_blocks: dict[tuple[int, bytes], tuple[Block, Commit]] = {}
+        self._seen: dict[int, object] = {}
 
     def signed(self, inst: Instance, step: Step, height: int, round_: int, sign_bytes: bytes) -> None:
         if inst.honest:
             self.signatures.setdefault((inst.validator, height, round_, int(step)), set()).add(sign_bytes)
 
     def wire(self, msg, honest_sender: bool) -> None:
+        if id(msg) in self._seen:
+            return
+        self._seen[id(msg)] = msg  # (kept: an id is not reused while its object lives)
         step = int(Step.PROPOSE) if isinstance(msg, Proposal) else int(msg.type)
         if honest_sender:
             self.sent.setdefault((msg.validator, msg.height, msg.round, step), set()).add(msg.sign_bytes(CHAIN))
@@ -291,9 +286,11 @@ class Network:
         self.timeouts = timeouts
         self.rotate_bytes = rotate_bytes
         self.wal_loss = wal_loss  # "random" (any cut from the last sync on), "all" or "none"
-        self.tick_s = max(0.2, timeouts.propose_s)
+        self.tick_s = timeouts.gossip_s
         self._seq = itertools.count()
         self._events: list = []
+        _SIGNATURES.acquire()
+        self._closed = False
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gt-simnet-", dir=_scratch_root()))
         ids = identities(n, seed)
@@ -320,6 +317,10 @@ class Network:
     # -- lifecycle
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _SIGNATURES.release()
         for inst in self.instances:
             if inst.alive:
                 inst.wal.close()
@@ -360,7 +361,8 @@ class Network:
         done = {tx for b, _ in inst.store.values() for tx in b.txs}
         inst.host.mempool = [tx for tx in self.mempools[inst.validator] if tx not in done]
         inst.driver = Driver(CHAIN, self.validators, inst.validator, _Signer(self, inst), inst.host,
-                             self.timeouts, journal=inst.wal.append)
+                             self.timeouts, journal=inst.wal.append, state_signer=inst.identity.sign,
+                             state_seq=int(self.now * 1e6))
         inst.height_started = self.now
         h = inst.host.height + 1
         self._run(inst, lambda: inst.driver.start_height(h, replay=inst.wal.replay_from(h)))
@@ -381,7 +383,7 @@ class Network:
 
     def _sign_trigger(self, inst: Instance, step: Step, height: int, round_: int) -> SignCrash | None:
         for c in self.sign_crashes:
-            if not c.fired and c.instance == inst.id and c.when(step, height, round_):
+            if c.matches(inst, step, height, round_):
                 c.fired = True
                 self._pending_down[inst.id] = c.down_for
                 return c
@@ -395,6 +397,10 @@ class Network:
                 return
             if isinstance(e, Broadcast):
                 self.broadcast(inst, e.message)
+            elif isinstance(e, SendTo):
+                for dst in self.instances_of(e.peer):
+                    if dst.id != inst.id:
+                        self.send(inst, dst, e.message)
             elif isinstance(e, StartTimer):
                 self._push(self.now + e.seconds, "timer", inst.id, inst.epoch, e.step, e.height, e.round)
             elif isinstance(e, Decide):
@@ -475,6 +481,8 @@ class Network:
             self.trace.append(f"{self.now:8.3f} recv {src}->{dst} {describe(msg)}")
         if isinstance(msg, BlockReply):
             self._on_block(inst, msg)
+        elif isinstance(msg, RoundState):
+            self._run(inst, lambda: inst.driver.on_round_state(msg))
         else:
             self.receive(inst, msg)
 
@@ -503,7 +511,7 @@ class Network:
             return
         self._push(self.now + self.tick_s, "tick", k, epoch)
         if self.now - inst.height_started >= self.tick_s:
-            self._run(inst, inst.driver.rebroadcast)
+            self._run(inst, inst.driver.gossip_tick)
             if inst.alive:
                 self._perform(inst, [NeedBlock(inst.driver.height, None)])
 
@@ -586,6 +594,50 @@ class Network:
         return min(i.host.height for i in self.honest())
 
 
+class _MemoizedSignatures:
+    """Ed25519 verification is deterministic, and a simulated committee checks each signature
+    many times (every receiver, every relay, every commit): while a Network exists, each
+    distinct (key, signature, message) is checked once by the real code and remembered
+    (bounded). Results are the same; schedules run several times faster."""
+
+    MODULES = ("gentorrent.ledger.chain", "verifier.consensus.gossip")
+    MAX = 200_000
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.memo: dict[tuple[bytes, bytes, bytes], bool] = {}
+        self.real = None
+
+    def check(self, public_key: bytes, signature: bytes, message: bytes) -> bool:
+        key = (public_key, signature, message)
+        ok = self.memo.get(key)
+        if ok is None:
+            if len(self.memo) >= self.MAX:
+                self.memo.clear()
+            ok = self.memo[key] = self.real(public_key, signature, message)
+        return ok
+
+    def acquire(self) -> None:
+        import importlib
+        if self.users == 0:
+            mods = [importlib.import_module(m) for m in self.MODULES]
+            self.real = mods[0].is_valid_signature
+            for m in mods:
+                m.is_valid_signature = self.check
+        self.users += 1
+
+    def release(self) -> None:
+        import importlib
+        self.users -= 1
+        if self.users == 0:
+            for m in self.MODULES:
+                importlib.import_module(m).is_valid_signature = self.real
+            self.memo.clear()
+
+
+_SIGNATURES = _MemoizedSignatures()
+
+
 def describe(msg) -> str:
     """A short line for traces."""
     if isinstance(msg, Vote):
@@ -596,6 +648,8 @@ def describe(msg) -> str:
                 f"{msg.block.hash().hex()[:8]}")
     if isinstance(msg, BlockReply):
         return f"block h={msg.height} {msg.block.hash().hex()[:8]}"
+    if isinstance(msg, RoundState):
+        return f"state v{msg.validator} h={msg.height} r={msg.round} rounds={[e.round for e in msg.rounds]}"
     return type(msg).__name__
 
 

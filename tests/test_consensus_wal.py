@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from consensus_simnet import CHAIN, KvHost, identities
 from gentorrent.config import CONSENSUS_FAST
+from testkit.simnet import CHAIN, KvHost, identities
 from verifier.consensus.driver import Broadcast, DoubleSignError, Driver, TimeoutFired
 from verifier.consensus.privval import PrivValidator
 from gentorrent.ledger.chain import (NIL, Proposal, Step, Validator, ValidatorSet, Vote, VoteType)

@@ -5,8 +5,10 @@ proposals, votes, commits, the validator set) are gentorrent/ledger/chain.py, wh
 clients share:
     votes.py          vote keeper: power per (round, type, value), equivocation evidence
     state_machine.py  one height of "The latest gossip on BFT consensus" (Algorithm 1)
-    driver.py         events (proposal, vote, timeout, decided block) -> effects
-                      (broadcast, start timer, decide, need block), signing through a Signer
+    driver.py         events (proposal, vote, timeout, decided block, peer round state) ->
+                      effects (broadcast, send to a peer, start timer, decide, need block),
+                      signing through a Signer
+    gossip.py         round states and relays: each node passes on what a peer lacks
 Shell:
     privval.py        the signer that never signs two different messages for one step
     wal.py            write-ahead log of the inputs of the height in progress

@@ -2,10 +2,11 @@
 
 It authenticates messages (signature, proposer of the round), decides the validity of a
 proposed block through the host, turns the machine's outputs into effects the shell performs
-(broadcast, schedule a timeout, decide), signs this node's own votes and proposals through a
-`Signer` (which, in the node, persists its sign state before returning) and feeds them back
-to the machine, buffers messages of the next height that arrive early, and asks for blocks it
-is missing (catch-up). No I/O, no clock: the host answers `make_block`/`validate_block`
+(broadcast, send to one peer, schedule a timeout, decide), signs this node's own votes and
+proposals through a `Signer` (which, in the node, persists its sign state before returning) and
+feeds them back to the machine, buffers messages of the next height that arrive early, relays
+to peers what they lack when they say where they are (gossip.py), and asks for blocks it is
+missing (catch-up). No I/O, no clock: the host answers `make_block`/`validate_block`
 synchronously and deterministically, the shell owns time.
 
 A signed step is never signed twice with different content: own messages of the height are
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from gentorrent.config import WIRE, ConsensusTimeouts
+from verifier.consensus import gossip
+from verifier.consensus.gossip import RoundState
 from verifier.consensus.state_machine import (CastVote, Decision, HeightStateMachine, Output,
                                               ProposeValue, ScheduleTimeout)
 from gentorrent.ledger.chain import (Block, Commit, CommitError, CommitSig,
@@ -76,7 +79,15 @@ def within_drift(block_time_ms: int, now_ms: int, max_drift_ms: int) -> bool:
 
 @dataclass(frozen=True)
 class Broadcast:
-    message: Proposal | Vote
+    message: Proposal | Vote | RoundState
+
+
+@dataclass(frozen=True)
+class SendTo:
+    """A message for one validator's node only (a relay, or this node's round state)."""
+
+    peer: int
+    message: Proposal | Vote | RoundState
 
 
 @dataclass(frozen=True)
@@ -120,15 +131,23 @@ class Refused:
     reason: str
 
 
-Effect = Broadcast | StartTimer | Decide | NeedBlock | Refused
+Effect = Broadcast | SendTo | StartTimer | Decide | NeedBlock | Refused
 
 
 class Driver:
     def __init__(self, chain_id: str, validators: ValidatorSet, me: int | None, signer: Signer | None,
                  host: Host, timeouts: ConsensusTimeouts,
                  journal: Callable[[Proposal | Vote], None] | None = None,
-                 timely: Callable[[Block], bool] | None = None) -> None:
+                 timely: Callable[[Block], bool] | None = None,
+                 state_signer: Callable[[bytes], bytes] | None = None, state_seq: int = 0) -> None:
         self.chain_id = chain_id
+        #: signs this node's RoundState (the node's identity key; a RoundState has its own
+        #: domain tag, so this is no vote signature); None: this node asks for no relays
+        self.state_signer = state_signer
+        #: sequence numbers of this node's RoundStates start here and only grow: the shell
+        #: passes its clock in microseconds at boot, above any number it used before a restart
+        self._state_seq = state_seq
+        self._peer_seq: dict[int, int] = {}  # validator -> last RoundState seq accepted
         #: whether a received new proposal's block time is within the clock-drift bound (the
         #: shell asks its clock with `within_drift`); None: every proposal is timely
         self.timely = timely
@@ -305,27 +324,51 @@ class Driver:
         self.decided = Decide(block, commit)
         return [self.decided]
 
-    def rebroadcast(self) -> list[Effect]:
-        """Gossip again what peers may have missed: own messages of the recent rounds and of
-        the valid round, the prevotes that justify our valid value (its proof-of-lock), and
-        the current round's proposal. Without this a lost polka could keep a locked node
-        and the others apart forever."""
-        if self.sm is None or self.sm.decision is not None:
+    def gossip_tick(self) -> list[Effect]:
+        """The height makes no progress (the shell calls this every `gossip_s` then): tell the
+        peers where this node is and what it holds, so they relay what it lacks (gossip.py),
+        and ask for a decided block it lacks."""
+        if self.sm is None or self.decided is not None:
             return []
-        sm = self.sm
-        keep = {sm.round, sm.round - 1, sm.valid_round, sm.locked_round}
-        recent = [m for (r, _), m in sorted(self._own.items(), key=lambda kv: (kv[0][0], kv[0][1]))
-                  if r in keep]
-        effects: list[Effect] = [Broadcast(m) for m in recent]
-        if sm.valid_value is not None:
-            effects += [Broadcast(v) for v in sm.votes.votes_for(sm.valid_round, VoteType.PREVOTE,
-                                                                  sm.valid_value.hash())]
-        current = sm.proposals.get(sm.round)
-        if current is not None and current.validator != self.me:
-            effects.append(Broadcast(current))
+        effects: list[Effect] = []
+        state = self.round_state()
+        if state is not None:
+            effects.append(Broadcast(state))
         if self.sm.missing_block is not None:
             effects.append(NeedBlock(self.height, None))
         return effects
+
+    def round_state(self) -> RoundState | None:
+        """This node's signed RoundState (None for an observer or without a state signer)."""
+        if self.sm is None or self.me is None or self.state_signer is None:
+            return None
+        self._state_seq += 1
+        return gossip.signed(gossip.describe(self.sm, self.me, self._state_seq), self.chain_id, self.state_signer)
+
+    def on_round_state(self, state: RoundState) -> list[Effect]:
+        """A peer's RoundState: relay what it lacks at our height, fetch what we lack at its
+        (later) one, or tell it where we are if it is behind."""
+        if self.sm is None or not self._fresh_state(state):
+            return []
+        peer = state.validator
+        if state.height > self.height:
+            return [NeedBlock(self.height, peer)]
+        if state.height < self.height:
+            mine = self.round_state()
+            return [SendTo(peer, mine)] if mine is not None else []
+        return [SendTo(peer, m) for m in gossip.relay(self.sm, state)]
+
+    def _fresh_state(self, state: RoundState) -> bool:
+        """Signed by a validator other than this node, newer than its last, well formed."""
+        v = state.validator
+        if not 0 <= v < len(self.validators) or v == self.me or state.seq <= self._peer_seq.get(v, -1):
+            return False
+        if not gossip.well_formed(state, len(self.validators)):
+            return False
+        if not gossip.verify(state, self.chain_id, self.validators[v].public_key):
+            return False
+        self._peer_seq[v] = state.seq
+        return True
 
     # -- internals
 
@@ -390,6 +433,9 @@ class Driver:
                     effects.append(Broadcast(p))
                     effects += [Broadcast(v) for v in self._pol_votes(p)]
                     queue.extend(self.sm.on_proposal(p, True))
+                else:  # refused (it would double-sign): leave the round by its timeout, as a
+                    # non-proposer does, instead of waiting in the propose step for nothing
+                    queue.append(ScheduleTimeout(Step.PROPOSE, o.height, o.round))
             elif isinstance(o, ScheduleTimeout):
                 effects.append(StartTimer(o.step, o.height, o.round, self._duration(o)))
             elif isinstance(o, Decision):

@@ -33,13 +33,13 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from verifier.abci.interface import Application, BlockContext, ValidatorInfo
 from verifier.consensus.blockstore import BlockStore
-from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, StartTimer,
+from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, SendTo, StartTimer,
                                        TimeoutFired, within_drift)
+from verifier.consensus.gossip import RoundState, decode_payload, encode_payload
 from verifier.consensus.home import DATA_DIR, NodeConfig
 from verifier.consensus.privval import PrivValidator
 from gentorrent.ledger.chain import (Block, Commit, DecodeError, DirectoryProofCodec,
-                                      DuplicateVoteEvidence, Proposal, Vote, decode_message,
-                                      encode_message, make_block, sha256, verify_commit)
+                                      DuplicateVoteEvidence, make_block, sha256, verify_commit)
 from verifier.consensus.wal import WriteAheadLog
 from gentorrent.ledger.genesis import Genesis
 
@@ -252,7 +252,9 @@ class VerifierNode:
         self.host = ChainHost(self.genesis, self.app, self.store, self.identity.public_key, self.mempool,
                               self.config)
         self.driver = Driver(self.genesis.chain_id, self.validators, self.me, self.privval, self.host,
-                             self.timeouts, journal=self.wal.append, timely=self.host.timely)
+                             self.timeouts, journal=self.wal.append, timely=self.host.timely,
+                             state_signer=self.identity.sign, state_seq=time.time_ns() // 1000)
+        self.gossip = {"states_sent": 0, "states_received": 0, "relayed": 0}
         self.peers: dict[int, Peer] = {}
         self.port = 0
         self.server: grpc.aio.Server | None = None
@@ -343,6 +345,8 @@ class VerifierNode:
                 return
             if isinstance(e, Broadcast):
                 self._broadcast(e.message)
+            elif isinstance(e, SendTo):
+                self._send_to(e.peer, e.message)
             elif isinstance(e, StartTimer):
                 self._timers.append(self._loop.call_later(e.seconds, self._on_timer, e))
             elif isinstance(e, Decide):
@@ -352,12 +356,28 @@ class VerifierNode:
             elif isinstance(e, Refused):
                 log.error("refused to sign %s at %d/%d: %s", e.step.name, e.height, e.round, e.reason)
 
-    def _broadcast(self, msg: Proposal | Vote) -> None:
-        data = encode_message(msg)
+    def _broadcast(self, msg) -> None:
+        if isinstance(msg, RoundState):
+            self.gossip["states_sent"] += len(self.peers)
+        data = encode_payload(msg)
         for peer in self.peers.values():
-            if peer.queue.full():
-                peer.queue.get_nowait()  # drop the oldest; rebroadcast recovers what matters
-            peer.queue.put_nowait(data)
+            self._enqueue(peer, data)
+
+    def _send_to(self, index: int, msg) -> None:
+        peer = self.peers.get(index)
+        if peer is None:
+            return
+        if isinstance(msg, RoundState):
+            self.gossip["states_sent"] += 1
+        else:
+            self.gossip["relayed"] += 1
+        self._enqueue(peer, encode_payload(msg))
+
+    @staticmethod
+    def _enqueue(peer: Peer, data: bytes) -> None:
+        if peer.queue.full():
+            peer.queue.get_nowait()  # drop the oldest; gossip recovers what matters
+        peer.queue.put_nowait(data)
 
     def _on_timer(self, e: StartTimer) -> None:
         if self._stopping or self._halted:
@@ -433,8 +453,8 @@ class VerifierNode:
                 peer.last_ok = time.time()
             except (grpc.aio.AioRpcError, asyncio.TimeoutError):
                 peer.failed += 1
-                # the peer is down: drop what is queued (stale by the time it is back; the
-                # rebroadcast of the current height is what it will need) and do not spin
+                # the peer is down: drop what is queued (stale by the time it is back; gossip
+                # relays what it lacks once it says where it is) and do not spin
                 while not peer.queue.empty():
                     peer.queue.get_nowait()
                 await asyncio.sleep(0.2)
@@ -443,24 +463,28 @@ class VerifierNode:
         if self._halted:
             return pb.Ack(ok=False, reason="halted")
         try:
-            msg = decode_message(payload)
+            msg = decode_payload(payload)
         except DecodeError as exc:
             return pb.Ack(ok=False, reason=f"malformed: {exc}"[:120])
+        if isinstance(msg, RoundState):  # a peer's state: never logged (it changes no vote)
+            self.gossip["states_received"] += 1
+            self._perform(self.driver.on_round_state(msg))
+            return pb.Ack(ok=True)
         if self.driver.admits(msg):  # only what changes the driver: no log growth from forgeries
             self.wal.append(msg)
         self._perform(self.driver.on_message(msg))
         return pb.Ack(ok=True)
 
     async def _ticker(self) -> None:
-        """Gossip own messages again while a height makes no progress."""
-        period = max(0.2, self.timeouts.propose_s)
+        """While a height makes no progress: send peers this node's round state (they relay
+        what it lacks, gossip.py), and ask them for blocks (an observer gets no votes)."""
+        period = self.timeouts.gossip_s
         while True:
             await asyncio.sleep(period)
             if self._halted:
                 continue
             if time.monotonic() - self._height_started_at >= period:
-                self._perform(self.driver.rebroadcast())
-                # no progress (or an observer, which gets no votes): ask peers for blocks
+                self._perform(self.driver.gossip_tick())
                 self._want_block(self.driver.height, None)
 
     def _want_block(self, height: int, peer: int | None) -> None:
@@ -619,6 +643,7 @@ class VerifierNode:
             "halted": self._halted, "evidence_pending": len(self.driver.pending_evidence),
             "untimely_proposals": self.host.untimely,
             "next_height_buffered": dict(zip(("messages", "bytes"), self.driver.buffered_future())),
+            "gossip": dict(self.gossip),
             "signatures": self.privval.signed_count, "wal_syncs": self.wal.syncs,
             "epochs": self.epochs.status() if self.epochs is not None else None,
         }
