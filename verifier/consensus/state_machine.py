@@ -4,18 +4,89 @@ Buchman, Kwon and Milosevic, arXiv:1807.04938, Algorithm 1. Line numbers in comm
 refer to that listing. The machine is sans-I/O: inputs are proposals (already authenticated
 and with their validity decided), votes (already authenticated) and timeouts; outputs are
 requests to propose, votes to cast, timeouts to schedule and the decision. It never signs,
-sends or sleeps; the driver does that around it.
+sends or sleeps; the driver does that around it (driver.py), and gossip.py provides the
+gossip the paper assumes. Every upon-rule is re-checked after every input (`_evaluate`), so a
+rule fires as soon as its condition holds, whatever the order in which its messages came.
 
-Timeliness (CometBFT's proposer-based timestamps): a *new* proposal (no POL round) is
-prevoted only if it is timely, i.e. its time is not too far ahead of this node's clock, as
-the driver judged on receipt. Only line 22 asks: a re-proposal with a polka (line 28), the
-locking rule and the decision use valid(v) alone, so a node with a slow clock still locks,
-precommits and decides what the others agreed on.
+Algorithm 1, line by line
+-------------------------
 
-One deliberate, safe relaxation: the decision rule (line 49) accepts the block with the
-committed hash from a proposal of *any* round, not only the round of the precommits, so a
-node that saw the block in round 0 decides on a commit from round 1 without the round-1
-proposal (the value is identified by its hash, as CometBFT does).
+=======  ===========================================  ==============================================
+lines    paper                                        here
+=======  ===========================================  ==============================================
+1-9      h_p, round_p, step_p, decision_p,            `HeightStateMachine.__init__`: one machine per
+         lockedValue/Round, validValue/Round          height (a new one is line 53's reset)
+10       upon start: StartRound(0)                    `start`
+11-21    StartRound: the proposer broadcasts          `_start_round` -> `ProposeValue(valid_value,
+         validValue with validRound, else             valid_round)`; `Driver._sign_proposal` (getValue
+         getValue(); others schedule                  is `Host.make_block`); else `ScheduleTimeout`
+         OnTimeoutPropose                             (PROPOSE)
+22-27    PROPOSAL(v, -1), step = propose: prevote     `_rule_proposal`
+         id(v) iff valid(v) and (lockedRound = -1
+         or lockedValue = v), else nil
+28-33    PROPOSAL(v, vr) and 2f+1 PREVOTE(vr, id(v)), `_rule_proposal_pol`
+         0 <= vr < round_p, step = propose: prevote
+         id(v) iff valid(v) and (lockedRound <= vr
+         or lockedValue = v), else nil
+34-35    2f+1 PREVOTE(round_p, *), step = prevote,    `_rule_prevote_any` (`_prevote_timeout`)
+         first time: schedule OnTimeoutPrevote
+36-43    PROPOSAL(v) and 2f+1 PREVOTE(round_p,        `_rule_polka` (`_polka_seen`)
+         id(v)), valid(v), step >= prevote, first
+         time: if step = prevote lock v, precommit
+         id(v); validValue/validRound := v, round_p
+44-46    2f+1 PREVOTE(round_p, nil), step = prevote:  `_rule_polka_nil`
+         precommit nil
+47-48    2f+1 PRECOMMIT(round_p, *), first time:      `_rule_precommit_any` (`_precommit_timeout`)
+         schedule OnTimeoutPrecommit
+49-54    PROPOSAL(r, v) and 2f+1 PRECOMMIT(r, id(v)), `_rule_decide` -> `Decision`; the driver builds
+         valid(v), not decided: decide v, next       the commit (`Driver._commit`), the shell applies
+         height, reset, StartRound(0)                 the block, then `Driver.start_height(h + 1)`
+55-56    f+1 messages (any type) of a round >         `_rule_skip_round`; `VoteKeeper.round_power`
+         round_p: StartRound(round)                   counts the power of senders of votes and proposals
+57-60    OnTimeoutPropose(h, r)                       `on_timeout(PROPOSE)`
+61-64    OnTimeoutPrevote(h, r)                       `on_timeout(PREVOTE)`
+65-67    OnTimeoutPrecommit(h, r)                     `on_timeout(PRECOMMIT)`
+=======  ===========================================  ==============================================
+
+Deliberate differences, and why each is safe
+--------------------------------------------
+
+1. Decision with the block from any round (line 49 asks for PROPOSAL(h, r, v) of the round r
+   of the precommits): here any known block with the committed hash decides, from a proposal
+   of any round or fetched with a commit (`Driver.on_decided_block`). The value is identified
+   by its hash, as CometBFT does: 2f+1 precommits for id(v) in one round is the paper's
+   condition, and the driver keeps a block only if its body hashes to its header
+   (`Driver._authentic`), so one hash is one block. A node that saw the block in round 0
+   decides on a commit of round 1 without the round-1 proposal: liveness only gains.
+2. Catch-up decides a fetched block whose commit verifies (> 2/3 of the power precommitted it,
+   `verify_commit`) without valid(v): some honest validator checked valid(v) at line 36 before
+   precommitting, and valid() is deterministic (the app's ProcessProposal).
+3. Timeliness (CometBFT's proposer-based timestamps): line 22 also prevotes nil for a new
+   proposal whose time is too far ahead of this node's clock (`untimely`). A nil prevote is
+   always safe; lines 28, 36 and 49 use valid(v) alone, so a node with a slow clock still
+   locks, precommits and decides what the others agreed on.
+4. One proposal per round: the proposer's first proposal of a round is kept, a second one
+   (an equivocating proposer) ignored. Ignoring a message is what a delay does, which the
+   algorithm tolerates; liveness after GST rests on honest proposers, who send one, and the
+   decision does not need the round's proposal (1).
+5. An equivocating validator's first vote per (round, type) always counts; further values
+   count once they have f+1 power (votes.py), to bound memory. The others are treated as
+   delayed: a value that can reach 2f+1 has f+1 honest votes, and once they are in, gossip
+   delivers the equivocator's vote again and it counts.
+6. Line 55 starts the highest round that has f+1 (the paper: any such round); messages more
+   than `max_rounds_ahead` rounds ahead are ignored (treated as delayed: honest rounds advance
+   only by timeouts, so an honest validator is never that far ahead of one that follows).
+7. Rule order: `_evaluate` tries the decision first, then round skipping, then the others;
+   the paper lets any enabled rule fire.
+8. If the signer refuses a proposal (it would double-sign, possible only after a crash that
+   lost the log), the driver schedules OnTimeoutPropose as a non-proposer does, instead of
+   waiting in the propose step: nothing is signed, the round ends by its timeout.
+9. The message log of line 53 is per height: messages of the next height that arrive early
+   are buffered and handed to its machine first when it starts (`Driver.start_height`, also
+   after a restart, from the write-ahead log); messages of decided heights are dropped.
+10. A restarted node replays its write-ahead log through a fresh machine (wal.py): it takes
+   the same steps, and the signer returns the same signatures for them (privval.py) and
+   refuses any other message for a signed step.
 """
 
 from __future__ import annotations
