@@ -1,8 +1,12 @@
-"""Embedded Tendermint committee throughput: prints ONE JSON line.
+"""Embedded Tendermint committee throughput, shipped and fast timeouts side by side: ONE JSON line.
 
 Mode: 4 separate `gt-verifier` processes (RegistryApp on SQLite, WAL + fsync'd sign state)
-talking gRPC over TLS on 127.0.0.1, with CONSENSUS_FAST timeouts. Goal (ARCHITECTURE.md §7):
->= 20 heights/s.
+talking gRPC over TLS on 127.0.0.1, run twice: with the shipped timeouts (`CONSENSUS`, what
+`gt-verifier init` writes by default: 1 s commit wait after every block) and with the fast ones
+(`CONSENSUS_FAST`, `--timeouts fast`: no commit wait, for tests and this loopback benchmark).
+Goal (ARCHITECTURE.md §7): >= 20 heights/s, which only the fast configuration can reach: the shipped
+one waits `commit_s` after each decision by design (time for slow validators' precommits to
+arrive and go into the next block's last commit).
 
 Phase 1, idle: heights per second over `--idle-s` seconds, and the block interval (time
 between consecutive block timestamps) p50 / p99.
@@ -11,7 +15,7 @@ round-robin to the four verifiers, `--inflight` at a time; transactions per seco
 submit -> last commit) and commit latency per transaction (submit -> timestamp of the next
 block, which the next proposer stamps right after the commit) p50 / p99.
 
-    .venv/bin/python bench/consensus.py [--idle-s 10] [--txs 600] [--inflight 16] [--png F]
+    .venv/bin/python bench/consensus.py [--idle-s 10] [--txs 600] [--inflight 16] [--only shipped|fast] [--png F]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gentorrent.config import CONSENSUS, CONSENSUS_FAST  # noqa: E402
 from gentorrent.crypto.keys import Identity, OnionKey  # noqa: E402
 from gentorrent.crypto.tls import connect, make_self_signed  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
@@ -86,11 +91,16 @@ def registrations(n: int) -> list[bytes]:
     return out
 
 
-async def run(args) -> dict:
+CONFIGS = {"shipped": ("default", CONSENSUS), "fast": ("fast", CONSENSUS_FAST)}
+
+
+async def run(args, config: str) -> dict:
+    """One committee with one timeout configuration: its figures and the raw samples."""
     tmp = Path(tempfile.mkdtemp(prefix="gt-bench-consensus-"))
     init = subprocess.run([sys.executable, "-m", "verifier.cli", "--log-level", "WARNING", "init",
                            "--validators", "4", "--out", str(tmp), "--base-port", str(free_base_port(4)),
-                           "--timeouts", "fast", "--chain-id", "bench"], cwd=ROOT, capture_output=True, text=True)
+                           "--timeouts", CONFIGS[config][0], "--chain-id", "bench"], cwd=ROOT, capture_output=True,
+                          text=True)
     if init.returncode:
         raise RuntimeError(init.stderr)
     homes = [tmp / f"v{i}" for i in range(4)]
@@ -102,7 +112,7 @@ async def run(args) -> dict:
         txs = registrations(args.txs)
         conns = await stubs(genesis)
         stub0 = conns[0][1]
-        await wait_height(stub0, 5)
+        await wait_height(stub0, 5, timeout=120)
 
         # phase 1: idle heights/s
         h0 = (await stub0.Status(pb.Empty(), timeout=5)).height
@@ -144,12 +154,10 @@ async def run(args) -> dict:
         load_end = max(committed.values()) if committed else time.time()
         for ch, _ in conns:
             await ch.close()
-        if args.png:
-            plot(args.png, intervals, latencies)
+        t = CONFIGS[config][1]
         return {
-            "bench": "consensus",
-            "mode": "4 gt-verifier processes, gRPC/TLS on 127.0.0.1, RegistryApp+SQLite, CONSENSUS_FAST",
-            "cpu_cores": os.cpu_count(),
+            "timeouts": {"propose_s": t.propose_s, "prevote_s": t.prevote_s, "precommit_s": t.precommit_s,
+                         "commit_s": t.commit_s, "gossip_s": t.gossip_s},
             "heights_per_s": round((h1 - h0) / (t1 - t0), 2),
             "block_interval_ms_p50": round(float(np.percentile(intervals, 50)), 1),
             "block_interval_ms_p99": round(float(np.percentile(intervals, 99)), 1),
@@ -158,7 +166,7 @@ async def run(args) -> dict:
             "tps": round(len(committed) / max(1e-9, load_end - load_t0), 1),
             "tx_commit_latency_ms_p50": round(float(np.percentile(latencies, 50)), 1) if len(latencies) else None,
             "tx_commit_latency_ms_p99": round(float(np.percentile(latencies, 99)), 1) if len(latencies) else None,
-            "goal_heights_per_s": 20,
+            "_samples": (intervals, latencies),
         }
     finally:
         for p in procs:
@@ -171,23 +179,43 @@ async def run(args) -> dict:
         subprocess.run(["rm", "-rf", str(tmp)])
 
 
-def plot(path: str, intervals: np.ndarray, latencies: np.ndarray) -> None:
-    """CDFs of the block interval (idle) and of the transaction commit latency (load)."""
+def plot(path: str, samples: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """CDFs of the block interval (idle) and of the transaction commit latency (load), per
+    configuration (log scale: the shipped one is about two orders of magnitude slower)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, data, title in ((axes[0], intervals, "block interval, idle (ms)"),
-                            (axes[1], latencies, "tx commit latency, under load (ms)")):
-        xs = np.sort(data)
-        ax.plot(xs, np.arange(1, len(xs) + 1) / max(1, len(xs)))
+    for config, (intervals, latencies) in samples.items():
+        for ax, data in ((axes[0], intervals), (axes[1], latencies)):
+            xs = np.sort(data)
+            ax.plot(xs, np.arange(1, len(xs) + 1) / max(1, len(xs)), label=config)
+    for ax, title in ((axes[0], "block interval, idle (ms)"), (axes[1], "tx commit latency, under load (ms)")):
+        ax.set_xscale("log")
         ax.set_xlabel(title)
         ax.set_ylabel("CDF")
         ax.grid(alpha=0.3)
-    fig.suptitle("4 gt-verifier processes, loopback, CONSENSUS_FAST")
+        ax.legend()
+    fig.suptitle("4 gt-verifier processes, loopback: shipped vs fast timeouts")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+async def run_all(args) -> dict:
+    out = {"bench": "consensus",
+           "mode": "4 gt-verifier processes, gRPC/TLS on 127.0.0.1, RegistryApp+SQLite",
+           "cpu_cores": os.cpu_count(), "goal_heights_per_s": 20}
+    samples = {}
+    for config in ([args.only] if args.only else list(CONFIGS)):
+        result = await run(args, config)
+        samples[config] = result.pop("_samples")
+        out[config] = result
+    if "shipped" in out and "fast" in out and out["fast"]["heights_per_s"]:
+        out["shipped_over_fast_heights"] = round(out["shipped"]["heights_per_s"] / out["fast"]["heights_per_s"], 3)
+    if args.png:
+        plot(args.png, samples)
+    return out
 
 
 def main() -> None:
@@ -195,9 +223,10 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--txs", type=int, default=600)
     ap.add_argument("--inflight", type=int, default=16)
+    ap.add_argument("--only", choices=list(CONFIGS), help="run one configuration (default: both)")
     ap.add_argument("--png", help="also write CDFs of block interval and tx latency to this PNG")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(run(args))))
+    print(json.dumps(asyncio.run(run_all(args))))
 
 
 if __name__ == "__main__":
