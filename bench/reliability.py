@@ -187,6 +187,8 @@ SCENARIOS: list[Scenario] = [
              shared("verifier_kills")),
     Scenario("verifier-partition", "fault proxies: 2-2 partition, then 3-1, then heal",
              shared("verifier_partitions")),
+    Scenario("verifier-gossip", "validator 2 down, link 3->1 cut: 1 hears 3 only through relayed votes, "
+             "then heal", shared("verifier_gossip")),
     Scenario("verifier-byzantine", "validator 3 equivocates; forged-signature votes for 0..2",
              shared("verifier_byzantine")),
     Scenario("verifier-crash-points", "failpoints: kill -9 between FinalizeBlock and Commit, after Commit, "

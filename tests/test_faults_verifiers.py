@@ -1,7 +1,7 @@
 """Verifier faults on a real 4-process committee (gt-verifier, fast timeouts, 127.0.0.1) with a
 fault proxy on every validator-to-validator link: seeded kill -9 / restart and SIGSTOP,
-kill -9 at exact crash points (failpoints), 2-2 and 3-1 partitions then heal, one Byzantine
-member, clock skew (libfaketime). Scenario code is shared with
+kill -9 at exact crash points (failpoints), 2-2 and 3-1 partitions then heal, a quorum that
+needs relayed votes, one Byzantine member, clock skew (libfaketime). Scenario code is shared with
 bench/reliability.py (testkit.scenarios)."""
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ async def test_partition_2_2_stalls_3_1_progresses_heal_converges(tmp_path):
     _safe(out)
     assert out["extra"]["heights_gained_in_2_2"] <= 1, out  # at most the height already in flight
     assert out["extra"]["evidence_against"] == {}, out
+
+
+async def test_a_quorum_that_needs_relayed_votes_keeps_committing(tmp_path):
+    """Real processes, real gRPC: 2 is down, 3 cannot reach 1; 1 gets 3's votes relayed."""
+    out = await scenarios.verifier_gossip(tmp_path, seed=11, quick=True)
+    _safe(out)
+    assert out["extra"]["evidence_against"] == {}, out
+    relayed = out["extra"]["gossip"]
+    assert relayed["v1"]["states_sent"] > 0 and relayed["v0"]["relayed"] + relayed["v3"]["relayed"] > 0, out
 
 
 async def test_byzantine_member_forged_votes_ignored_equivocation_only_blames_it(tmp_path):

@@ -16,8 +16,8 @@ from testkit.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_CLOVES_K,
                                                  RELAY_MODES, RELAY_PROCESS_MODES, RELAY_PROCESSES, relay_faults,
                                                  relay_process_faults, scenario_params)
 from testkit.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verifier_byzantine,
-                                                    verifier_clock_skew, verifier_crash_points, verifier_kills,
-                                                    verifier_partitions)
+                                         verifier_clock_skew, verifier_crash_points, verifier_gossip,
+                                         verifier_kills, verifier_partitions)
 
 __all__ = [
     "EPOCH_MODES", "epoch_faults",
@@ -25,5 +25,5 @@ __all__ = [
     "LINK_DELAY_S", "LINK_PHASES", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES",
     "RELAY_PROCESSES", "relay_faults", "relay_process_faults", "scenario_params",
     "CRASH_POINTS", "QUICK_CRASH_POINTS", "verifier_byzantine", "verifier_clock_skew", "verifier_crash_points",
-    "verifier_kills", "verifier_partitions",
+    "verifier_gossip", "verifier_kills", "verifier_partitions",
 ]

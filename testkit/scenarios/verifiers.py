@@ -1,5 +1,6 @@
 """Verifier fault scenarios: kill -9/pause, kill -9 at exact crash points (failpoints),
-partitions, a Byzantine member (see the package docstring for the contract)."""
+partitions, a quorum that needs relayed votes, a Byzantine member (see the package docstring
+for the contract)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,39 @@ async def verifier_partitions(root: Path, seed: int = 0, quick: bool = False) ->
                              "s_to_3_blocks_in_3_1": round(majority_s, 2),
                              "heal_catch_up_s": round(heal_s, 2)})
     return out
+
+
+async def verifier_gossip(root: Path, seed: int = 0, quick: bool = False) -> dict:
+    """Validator 2 is down and validator 3's link to 1 is cut one way: 0, 1 and 3 are exactly
+    a quorum and 1 hears 3 only through the others' relays (verifier/consensus/gossip.py), so
+    every height needs a relayed vote. The three must keep committing; then heal, restart 2,
+    and everyone converges (no fork, nothing lost, identical app hashes)."""
+    c = await ProxiedCommittee(Path(root), seed=seed).start()
+    ledger, counter = Ledger(), [0]
+    heights = 5 if quick else 20
+    try:
+        await c.wait_height(list(range(c.n)), 2, 90)
+        c.kill(2, signal.SIGKILL)
+        c.net.link("v3", "v1").blackhole()
+        await asyncio.sleep(0.5)
+        start_h, t0 = await c.top_height(), time.monotonic()
+        waiting = asyncio.ensure_future(c.wait_height([0, 1, 3], start_h + heights, 120))
+        while not waiting.done():
+            counter[0] += 1
+            await c.submit(ledger, counter[0], [0, 1, 3])
+            await asyncio.sleep(0.4)
+        cut_s = time.monotonic() - t0
+        waiting.result()
+        gossip = {f"v{i}": json.loads((await c.status(i)).json)["gossip"] for i in (0, 1, 3)}
+        c.net.heal()
+        c.start_node(2)
+        recover = await c.wait_height([2], await c.top_height(), 90)
+        a = await audit(c, ledger)
+    finally:
+        await c.stop()
+    return _verifier_outcome(ledger, a, recover, f"v2 down, link v3->v1 cut for {heights} heights, seed {seed}",
+                             {"heights_with_the_cut": heights, "s_per_height_with_the_cut": round(cut_s / heights, 3),
+                              "gossip": gossip})
 
 
 async def verifier_byzantine(root: Path, seed: int = 0, quick: bool = False) -> dict:
