@@ -7,7 +7,9 @@ after it is sent, right after a decision before the block is stored; each with a
 write-ahead log), Byzantine validators (≤ f by power: equivocating proposals and votes, junk
 votes, poisoned block bodies, omissions, lying round states, silence) and Twins (one key, two
 instances, honest code, usually in different partitions). `Plan.random(seed, n)` draws one;
-`to_json`/`from_json` make any plan a replayable file.
+`to_json`/`from_json` make any plan a replayable file; `save_failure` writes a failing one
+with what it violated (fuzz/consensus_schedules.py runs long campaigns, and
+tests/test_consensus_schedules.py replays every saved file).
 
 `run_plan` runs it on testkit/simnet.py and returns the violations found:
 
@@ -377,3 +379,29 @@ def lock_discipline(net: Network) -> list[str]:
                     out.append(f"lock: honest validator {v} precommitted {x.hex()[:8]} at {h}/{r}, then prevoted "
                                f"{y.hex()[:8]} at round {r2} with no polka for it since round {r}")
     return out
+
+
+# --------------------------------------------------------------------------- campaigns
+
+
+def judge(plan: Plan) -> Verdict:
+    """run_plan, with any exception out of the engine counted as a violation too."""
+    try:
+        return run_plan(plan)
+    except Exception as exc:  # noqa: BLE001 - a crash of the engine is a finding, not the end
+        return Verdict(plan, [f"exception: {type(exc).__name__}: {exc}"], {}, 0.0)
+
+
+def save_failure(verdict: Verdict, directory: Path) -> Path:
+    """A failing schedule as a replayable file (tests/test_consensus_schedules.py replays all)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"n{verdict.plan.n}-seed{verdict.plan.seed}.json"
+    path.write_text(json.dumps({"plan": asdict(verdict.plan), "violations": verdict.violations},
+                               sort_keys=True, indent=1) + "\n")
+    return path
+
+
+def load_failure(path: Path) -> tuple[Plan, list[str]]:
+    data = json.loads(Path(path).read_text())
+    return Plan.from_json(json.dumps(data["plan"])), data.get("violations", [])
