@@ -8,4 +8,5 @@ The oracle is testkit/fuzzing/consensus.py; see fuzz/README.md.
 from _harness import main
 
 if __name__ == "__main__":
-    main("consensus", ["gentorrent.ledger.chain", "verifier.consensus.driver", "verifier.consensus.state_machine", "verifier.consensus.votes"])
+    main("consensus", ["gentorrent.ledger.chain", "verifier.consensus.driver", "verifier.consensus.state_machine",
+                       "verifier.consensus.votes", "verifier.consensus.gossip"])

@@ -1,13 +1,13 @@
 """Oracle for consensus message decoding and handling (verifier/consensus/).
 
 Contract checked:
-1. types.decode_message of arbitrary bytes raises only types.DecodeError, and what it
-   accepts is canonical: encode_message(decode_message(b)) == b;
-2. Driver.on_message / on_timeout of any decoded message (unsigned, badly signed, or
-   genuinely signed by committee members with arbitrary heights, rounds, hashes and blocks)
-   neither raises nor runs away (a bounded CPU budget per event), this node never signs two
-   different messages for one (height, round, step), and every Decide carries a commit that
-   verify_commit accepts for the decided block.
+1. gossip.decode_payload (votes, proposals and round states) of arbitrary bytes raises only
+   types.DecodeError, and what it accepts is canonical: encode_payload(decode_payload(b)) == b;
+2. Driver.on_message / on_timeout / on_round_state of any decoded message (unsigned, badly
+   signed, or genuinely signed by committee members with arbitrary heights, rounds, hashes,
+   blocks and vote bitmaps) neither raises nor runs away (a bounded CPU budget per event),
+   this node never signs two different messages for one (height, round, step), and every
+   Decide carries a commit that verify_commit accepts for the decided block.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from functools import lru_cache
 from gentorrent.config import CONSENSUS_FAST
 from gentorrent.crypto.keys import Identity
 from testkit.fuzzing import Draw, Finding, cpu_budget, expect
+from verifier.consensus import gossip
 from gentorrent.ledger import chain as t
-from verifier.consensus.driver import Broadcast, Decide, Driver
+from verifier.consensus.driver import Broadcast, Decide, Driver, SendTo
 from verifier.consensus.privval import PrivValidator
 
 CHAIN = "fuzz-chain"
@@ -112,14 +113,31 @@ def _quorum_round(d: Draw) -> list:
     return [e for e in shuffled if isinstance(e, tuple) or _decode(t.encode_message(e)) == e]
 
 
-def _decode(data: bytes) -> t.Proposal | t.Vote | None:
+def _decode(data: bytes) -> gossip.Message | None:
     try:
-        with cpu_budget(EVENT_CPU_S, "decode_message"):
-            msg = t.decode_message(data)
+        with cpu_budget(EVENT_CPU_S, "decode_payload"):
+            msg = gossip.decode_payload(data)
     except t.DecodeError:
         return None
-    expect(t.encode_message(msg) == data, "decode_message accepted a non-canonical encoding")
+    expect(gossip.encode_payload(msg) == data, "decode_payload accepted a non-canonical encoding")
     return msg
+
+
+def _round_state(d: Draw) -> gossip.RoundState | None:
+    """A round state, usually signed by the committee member it names, with arbitrary rounds
+    and bitmaps (sometimes sized for another committee)."""
+    ids, _ = committee()
+    validator = d.below(N + 2)
+    entries = []
+    for _ in range(d.below(gossip.MAX_ROUNDS + 2)):
+        lists = [tuple(gossip.VoteBits(d.choice([t.NIL, bytes(32), b"\x01" * 32]), d.bytes(d.choice([1, 1, 2])))
+                       for _ in range(d.below(gossip.MAX_VALUES + 1))) for _ in range(2)]
+        entries.append(gossip.RoundEntry(d.choice(_ROUNDS), d.flag(), lists[0], lists[1]))
+    state = gossip.RoundState(validator, d.uint(8), d.choice(_HEIGHTS), d.choice(_ROUNDS), d.below(4), tuple(entries))
+    if validator < N and d.below(4):
+        state = gossip.signed(state, CHAIN, ids[validator].sign)
+    again = _decode(gossip.encode_payload(state))
+    return again if isinstance(again, gossip.RoundState) else None
 
 
 class _Watch:
@@ -133,7 +151,8 @@ class _Watch:
         expect(isinstance(effects, list), f"driver returned {type(effects).__name__}")
         _, vs = committee()
         for e in effects:
-            if isinstance(e, Broadcast) and e.message.validator == self.driver.me:
+            if (isinstance(e, (Broadcast, SendTo)) and isinstance(e.message, (t.Proposal, t.Vote))
+                    and e.message.validator == self.driver.me):
                 m = e.message
                 step = "proposal" if isinstance(m, t.Proposal) else m.type.name
                 sb = m.sign_bytes(CHAIN)
@@ -180,13 +199,19 @@ def check(data: bytes, avoid_known: bool = False) -> None:
             events.append(msg)
     ids, vs = committee()
     me = d.below(N)
-    driver = Driver(CHAIN, vs, me, PrivValidator(ids[me]), _Host(vs, me), CONSENSUS_FAST)
+    driver = Driver(CHAIN, vs, me, PrivValidator(ids[me]), _Host(vs, me), CONSENSUS_FAST, state_signer=ids[me].sign)
     watch = _Watch(driver)
     _event(watch, "start_height", driver.start_height, 1)
     for ev in events:
         if isinstance(ev, tuple):
             _event(watch, "on_timeout", driver.on_timeout, *ev)
+        elif isinstance(ev, gossip.RoundState):
+            _event(watch, "on_round_state", driver.on_round_state, ev)
         elif avoid_known and ev.round > HUGE_ROUND:
             continue  # known open bug (see KNOWN_OPEN): proposer() is O(round)
         else:
             _event(watch, f"on_message({type(ev).__name__} h={ev.height} r={ev.round})", driver.on_message, ev)
+    for _ in range(d.below(3)):  # peers' round states last (drawn after everything else: older
+        state = _round_state(d)  # inputs of this oracle keep their meaning)
+        if state is not None:
+            _event(watch, "on_round_state", driver.on_round_state, state)

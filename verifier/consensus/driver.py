@@ -358,6 +358,10 @@ class Driver:
             return [SendTo(peer, mine)] if mine is not None else []
         return [SendTo(peer, m) for m in gossip.relay(self.sm, state)]
 
+    def peer_state_seq(self, validator: int) -> int:
+        """The sequence number of the last RoundState accepted from `validator` (-1: none)."""
+        return self._peer_seq.get(validator, -1)
+
     def _fresh_state(self, state: RoundState) -> bool:
         """Signed by a validator other than this node, newer than its last, well formed."""
         v = state.validator

@@ -15,9 +15,10 @@ prevotes, precommits), then later rounds the sender would move to (this node's r
 round with more than a third of the power). A peer at a later height answers with its own state
 (the sender then fetches the blocks it lacks); a peer at an earlier height is told the same way.
 
-Bounded memory: no per-peer state is kept beyond the last sequence number seen from each
-validator; an answer is computed from the state received and capped at `MAX_RELAY_MESSAGES`
-messages and `MAX_RELAY_BYTES` bytes. The state is signed with the node's identity key under
+Bounded memory and bandwidth: no per-peer state is kept beyond the last sequence number seen
+from each validator; an answer is computed from the state received and capped at
+`MAX_RELAY_MESSAGES` messages and `MAX_RELAY_BYTES` bytes (and the node answers each validator
+at most twice per gossip period). The state is signed with the node's identity key under
 its own domain tag (it can never pass for a vote or a proposal), so a third party can neither
 forge nor replay one to stop relays to a node: sequence numbers only grow (they start at the
 shell's clock in microseconds when the node boots, and count up from there).
@@ -37,7 +38,9 @@ KIND_ROUND_STATE = 3  # payload kind of a ConsensusMessage (types.py has 1: prop
 MAX_ROUNDS = 8  # rounds described in one RoundState
 MAX_VALUES = 4  # values per (round, vote type) in one RoundState
 MAX_RELAY_MESSAGES = 256  # messages sent in answer to one RoundState
-MAX_RELAY_BYTES = 2 * WIRE.max_message_bytes
+MAX_RELAY_BYTES = WIRE.max_message_bytes  # (one proposal of the largest size; the shell also
+# answers one validator at most twice per gossip period: a peer that lies that it lacks
+# everything gets at most this much that often)
 _MAX_BITS_BYTES = (MAX_VALIDATORS + 7) // 8
 
 

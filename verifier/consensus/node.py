@@ -255,6 +255,7 @@ class VerifierNode:
                              self.timeouts, journal=self.wal.append, timely=self.host.timely,
                              state_signer=self.identity.sign, state_seq=time.time_ns() // 1000)
         self.gossip = {"states_sent": 0, "states_received": 0, "relayed": 0}
+        self._state_answered: dict[int, float] = {}  # validator -> when its last state was answered
         self.peers: dict[int, Peer] = {}
         self.port = 0
         self.server: grpc.aio.Server | None = None
@@ -467,13 +468,26 @@ class VerifierNode:
         except DecodeError as exc:
             return pb.Ack(ok=False, reason=f"malformed: {exc}"[:120])
         if isinstance(msg, RoundState):  # a peer's state: never logged (it changes no vote)
-            self.gossip["states_received"] += 1
-            self._perform(self.driver.on_round_state(msg))
+            self._on_round_state(msg)
             return pb.Ack(ok=True)
         if self.driver.admits(msg):  # only what changes the driver: no log growth from forgeries
             self.wal.append(msg)
         self._perform(self.driver.on_message(msg))
         return pb.Ack(ok=True)
+
+    def _on_round_state(self, state: RoundState) -> None:
+        """Answer a peer's round state, at most once per half gossip period per validator: an
+        honest node sends one per period, and an answer can carry megabytes (a proposal), so a
+        validator asking faster only gets its next answer later. (The time is noted only once
+        the driver accepted the state as signed and new: a forgery cannot use up the slot.)"""
+        self.gossip["states_received"] += 1
+        now = time.monotonic()
+        if now - self._state_answered.get(state.validator, float("-inf")) < self.timeouts.gossip_s / 2:
+            return
+        effects = self.driver.on_round_state(state)
+        if self.driver.peer_state_seq(state.validator) == state.seq:
+            self._state_answered[state.validator] = now
+        self._perform(effects)
 
     async def _ticker(self) -> None:
         """While a height makes no progress: send peers this node's round state (they relay
