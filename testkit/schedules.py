@@ -1,7 +1,8 @@
 """Adversarial schedules for the committee's consensus, and the oracle that judges them.
 
 A `Plan` is everything one run depends on: the committee (4 or 7 validators, powers), the
-seed, the network before GST (drops, duplicates, delays that reorder, partitions that heal),
+seed, the network before GST (drops, duplicates, delays that reorder, a laggard that hears
+later rounds of the next height before it has decided the current one, partitions that heal),
 crashes of honest validators (at a time, at their n-th signature before/after it is durable or
 after it is sent, right after a decision before the block is stored; each with a torn
 write-ahead log), Byzantine validators (≤ f by power: equivocating proposals and votes, junk
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gentorrent.config import CONSENSUS, CONSENSUS_FAST
-from testkit.simnet import (CHAIN, BlockReply, DecideCrash, Instance, KvHost, Network,
+from testkit.simnet import (CHAIN, BlockReply, DecideCrash, Fate, Instance, KvHost, Network,
                                        SignCrash)
 from verifier.consensus import gossip
 from verifier.consensus.gossip import RoundState, VoteBits
@@ -52,8 +53,7 @@ class Byzantine:
     def __init__(self, kinds: list[str], silent_at: float = 0.0, p: float = 0.5) -> None:
         self.kinds, self.silent_at, self.p = set(kinds), silent_at, p
 
-    def outgoing(self, net: Network, inst: Instance, dst: Instance, msg) -> list:
-        rng = net.rng
+    def outgoing(self, net: Network, inst: Instance, dst: Instance, msg, rng: Fate) -> list:
         if "silent" in self.kinds and net.now >= self.silent_at:
             return []
         if "mute" in self.kinds and rng.random() < self.p:
@@ -75,21 +75,21 @@ class Byzantine:
         return out
 
     @staticmethod
-    def _junk(inst: Instance, msg: Vote, rng: random.Random) -> list[Vote]:
+    def _junk(inst: Instance, msg: Vote, rng: Fate) -> list[Vote]:
         junk = [_sign(inst, replace(msg, block_hash=rng.randbytes(32))) for _ in range(rng.randint(1, 5))]
         if rng.random() < 0.3:  # a vote for a later round (it cannot make honest nodes skip alone)
             junk.append(_sign(inst, replace(msg, round=msg.round + rng.randint(1, 3), block_hash=NIL)))
         return junk
 
     @staticmethod
-    def _twin_vote(inst: Instance, msg: Vote, rng: random.Random, keep: bool) -> list[Vote]:
+    def _twin_vote(inst: Instance, msg: Vote, rng: Fate, keep: bool) -> list[Vote]:
         known = [h for h in (inst.driver.sm.blocks if inst.driver and inst.driver.sm else {}) if h != msg.block_hash]
         choices = known + ([NIL] if msg.block_hash else []) + [rng.randbytes(32)]
         twin = _sign(inst, replace(msg, block_hash=rng.choice(choices)))
         return [msg, twin] if keep else [twin]
 
     @staticmethod
-    def _other_block(net: Network, p: Proposal, rng: random.Random):
+    def _other_block(net: Network, p: Proposal, rng: Fate):
         """Another valid block for the same height: same parent and contents, another time."""
         b, h = p.block, p.block.header
         return make_block(CHAIN, h.height, h.time_ms + rng.randint(1, 50), h.proposer, h.last_block_hash,
@@ -97,7 +97,7 @@ class Byzantine:
                           b.evidence)
 
     @staticmethod
-    def _poisoned(inst: Instance, p: Proposal, rng: random.Random) -> Proposal:
+    def _poisoned(inst: Instance, p: Proposal, rng: Fate) -> Proposal:
         """A known block's header with a foreign body: the signature covers only the header."""
         sm = inst.driver.sm if inst.driver else None
         blocks = [b for b, _ in sm.blocks.values()] if sm else []
@@ -106,7 +106,7 @@ class Byzantine:
         return _sign(inst, replace(p, block=body, pol_round=-1))
 
     @staticmethod
-    def _lie(inst: Instance, state: RoundState, rng: random.Random) -> RoundState:
+    def _lie(inst: Instance, state: RoundState, rng: Fate) -> RoundState:
         """Claim to hold nothing, or every vote of every listed value."""
         if rng.random() < 0.5:
             lie = replace(state, rounds=())
@@ -143,6 +143,7 @@ class Plan:
     byzantine: dict[int, list[str]] = field(default_factory=dict)  # validator -> behaviours
     silent_at: float = 0.0
     twins: list[int] = field(default_factory=list)
+    slow: dict[int, float] = field(default_factory=dict)  # instance -> extra inbound delay before GST
     rotate_bytes: int = 8 * 1024 * 1024
     heights: int = 2
     deadline: float = 30.0
@@ -157,6 +158,7 @@ class Plan:
         d = json.loads(text)
         d["delay"] = tuple(d["delay"])
         d["byzantine"] = {int(k): v for k, v in d["byzantine"].items()}
+        d["slow"] = {int(k): v for k, v in d.get("slow", {}).items()}
         d["partitions"] = [tuple(p) for p in d["partitions"]]
         return cls(**d)
 
@@ -195,6 +197,10 @@ class Plan:
             plan.partitions.append(_partition(rng, instances, plan.twins, n, plan.gst))
         plan.partitions.sort()
         honest = [i for i in range(n) if i not in faulty]
+        if rng.random() < 0.4:  # a laggard: it hears the next height's later rounds while still
+            laggard = rng.choice(honest)  # deciding the previous one, and often restarts
+            plan.slow[laggard] = rng.choice([0.1, 0.3, 1.0])
+            honest += [laggard] * len(honest)
         for _ in range(rng.choice([0, 1, 2, 4, 6])):
             plan.crashes.append(_crash(rng, rng.choice(honest), plan.gst))
         return plan
@@ -250,15 +256,16 @@ class _PlanPolicy:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
 
-    def delays(self, net: Network, src, dst, msg) -> list[float]:
-        p, rng = self.plan, net.rng
+    def delays(self, net: Network, src, dst, msg, rng: Fate) -> list[float]:
+        p = self.plan
         if net.now >= p.gst:
             return [rng.uniform(p.delay[0], p.delta)]
         if rng.random() < p.drop:
             return []
-        out = [rng.uniform(*p.delay)]
+        extra = p.slow.get(dst.id, 0.0)
+        out = [rng.uniform(*p.delay) + rng.uniform(0.0, extra)]
         if rng.random() < p.duplicate:
-            out.append(rng.uniform(*p.delay))
+            out.append(rng.uniform(*p.delay) + rng.uniform(0.0, extra))
         return out
 
 

@@ -25,7 +25,6 @@ import hashlib
 import heapq
 import itertools
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -107,6 +106,57 @@ class KvHost:
         self.mempool = [tx for tx in self.mempool if tx not in done]
 
 
+class Fate:
+    """A small deterministic random source for one decision, seeded by what the decision is
+    about (the plan's seed, the purpose, the message, the link, how many times that message went
+    over that link): a message meets the same fate whatever else the engine sends, so a saved
+    schedule replays the same adversary after unrelated code changes."""
+
+    _MASK = (1 << 64) - 1
+
+    def __init__(self, *key) -> None:
+        self._state = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "big")
+
+    def _next(self) -> int:  # splitmix64
+        self._state = (self._state + 0x9E3779B97F4A7C15) & self._MASK
+        z = self._state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & self._MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & self._MASK
+        return z ^ (z >> 31)
+
+    def random(self) -> float:
+        return (self._next() >> 11) / float(1 << 53)
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + (b - a) * self.random()
+
+    def randrange(self, n: int) -> int:
+        return self._next() % n
+
+    def randint(self, a: int, b: int) -> int:
+        return a + self.randrange(b - a + 1)
+
+    def choice(self, items):
+        return items[self.randrange(len(items))]
+
+    def randbytes(self, n: int) -> bytes:
+        return b"".join(self._next().to_bytes(8, "big") for _ in range((n + 7) // 8))[:n]
+
+
+def message_key(msg) -> tuple:
+    """What identifies a message for its fate (no Python hash(): runs replay across processes)."""
+    if isinstance(msg, Vote):
+        return ("vote", int(msg.type), msg.height, msg.round, msg.validator, msg.block_hash)
+    if isinstance(msg, Proposal):
+        b = msg.block
+        return ("proposal", msg.height, msg.round, msg.pol_round, msg.validator, b.hash(), len(b.txs), b.txs[:1])
+    if isinstance(msg, RoundState):
+        return ("state", msg.validator, msg.seq, msg.height, msg.round, len(msg.rounds))
+    if isinstance(msg, BlockReply):
+        return ("block", msg.height, msg.block.hash())
+    return (type(msg).__name__,)
+
+
 class Crash(Exception):
     """Raised inside an instance to kill it at exactly this point (nothing after runs)."""
 
@@ -115,8 +165,9 @@ class Crash(Exception):
 
 
 class Policy(Protocol):
-    def delays(self, net: Network, src: Instance, dst: Instance, msg) -> list[float]:
-        """When `msg` from `src` reaches `dst`, as delays from now: [] drops it, two duplicate it."""
+    def delays(self, net: Network, src: Instance, dst: Instance, msg, fate: Fate) -> list[float]:
+        """When `msg` from `src` reaches `dst`, as delays from now: [] drops it, two duplicate it
+        (`fate`: this transmission's own random source)."""
 
 
 @dataclass
@@ -126,7 +177,7 @@ class FixedDelay:
     delay: float = 0.01
     drop: Callable[[Network, Instance, Instance, object], bool] | None = None
 
-    def delays(self, net, src, dst, msg) -> list[float]:
+    def delays(self, net, src, dst, msg, fate=None) -> list[float]:
         if self.drop is not None and self.drop(net, src, dst, msg):
             return []
         return [self.delay]
@@ -135,7 +186,7 @@ class FixedDelay:
 class Behaviour(Protocol):
     """What a Byzantine instance sends instead of an honest message to one peer."""
 
-    def outgoing(self, net: Network, inst: Instance, dst: Instance, msg) -> list:
+    def outgoing(self, net: Network, inst: Instance, dst: Instance, msg, fate: Fate) -> list:
         ...
 
 
@@ -279,8 +330,8 @@ class Network:
                  twins: tuple[int, ...] = (), timeouts: ConsensusTimeouts = CONSENSUS_FAST,
                  rotate_bytes: int = 8 * 1024 * 1024, txs_per_node: int = 6,
                  wal_loss: str = "random", workdir: Path | None = None) -> None:
-        self.rng = random.Random(seed)
         self.seed = seed
+        self._times: dict[tuple, int] = {}  # (purpose, key) -> decisions made so far
         self.now = 0.0
         self.policy = policy or FixedDelay()
         self.timeouts = timeouts
@@ -417,10 +468,21 @@ class Network:
             if dst.id != inst.id:
                 self.send(inst, dst, msg)
 
+    def fate(self, purpose: str, *key) -> Fate:
+        """The random source of one decision: the n-th time for the same purpose and key gets
+        its own (a message sent again over a link is a new transmission)."""
+        k = (purpose,) + key
+        n = self._times.get(k, 0)
+        self._times[k] = n + 1
+        return Fate(self.seed, k, n)
+
     def send(self, src: Instance, dst: Instance, msg) -> None:
         """One message from src to dst, as the Byzantine behaviour and the network have it."""
         behaviour = self.behaviour.get(src.id)
-        out = behaviour.outgoing(self, src, dst, msg) if behaviour else [msg]
+        if behaviour is None:
+            out = [msg]
+        else:
+            out = behaviour.outgoing(self, src, dst, msg, self.fate("byzantine", src.id, dst.id, message_key(msg)))
         for m in out:
             self.transmit(src, dst, m)
 
@@ -431,7 +493,7 @@ class Network:
             self.observer.wire(msg, self.instances_of(msg.validator)[0].honest)
         if not self.connected(src.id, dst.id):
             return
-        for d in self.policy.delays(self, src, dst, msg):
+        for d in self.policy.delays(self, src, dst, msg, self.fate("link", src.id, dst.id, message_key(msg))):
             self._push(self.now + d, "deliver", src.id, dst.id, dst.epoch, msg)
 
     def instances_of(self, validator: int) -> list[Instance]:
@@ -533,7 +595,7 @@ class Network:
             sources = self.instances_of(peer)
         else:
             sources = [i for i in self.instances if i.id != k]
-        src = self.rng.choice(sources)
+        src = self.fate("catchup", k, inst.host.height).choice(sources)
         want = inst.host.height + 1
         if src.alive and want in src.store:
             self.send(src, inst, BlockReply(*src.store[want]))
@@ -575,7 +637,7 @@ class Network:
         size = os.path.getsize(inst.wal.path)
         keep = {"all": inst.synced, "none": size}.get(self.wal_loss)
         if keep is None:
-            keep = self.rng.randint(inst.synced, size) if size > inst.synced else size
+            keep = self.fate("torn-wal", inst.id, inst.epoch).randint(inst.synced, size) if size > inst.synced else size
         os.truncate(inst.wal.path, min(size, max(inst.synced, keep)))
         if down_for is not None:
             self._push(self.now + down_for, "restart", inst.id, inst.epoch)

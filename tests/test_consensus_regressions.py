@@ -61,7 +61,7 @@ class JunkPrevotesFirst:
     def __init__(self, victim: int, junk: int = 4) -> None:
         self.victim, self.junk = victim, junk
 
-    def outgoing(self, net, inst, dst, msg):
+    def outgoing(self, net, inst, dst, msg, fate):
         if not (is_vote(msg, VoteType.PREVOTE, 1, 0) and msg.validator == inst.validator):
             return []
         if dst.validator != self.victim:
@@ -95,7 +95,7 @@ class PoisonedHeader:
     def __init__(self, victim: int, poison: bool = True) -> None:
         self.victim, self.poison = victim, poison
 
-    def outgoing(self, net, inst, dst, msg):
+    def outgoing(self, net, inst, dst, msg, fate):
         if not (is_vote(msg, VoteType.PREVOTE, 1, 0) and msg.validator == inst.validator and msg.block_hash):
             return []
         if dst.validator != self.victim or not self.poison:
@@ -111,7 +111,7 @@ def test_a_header_with_a_foreign_body_does_not_poison_the_honest_block(poison):
     victim = 0
 
     class Late(FixedDelay):  # the honest proposal reaches the victim after the poisoned one
-        def delays(self, net, src, dst, msg):
+        def delays(self, net, src, dst, msg, fate):
             if dst.validator == victim and is_proposal(msg, 1, 0) and net.now < GST:
                 return [0.05]
             return [0.01]
@@ -161,7 +161,7 @@ class SplitVotes:
     def __init__(self, y: int, w: int, x: int) -> None:
         self.y, self.w, self.x = y, w, x
 
-    def outgoing(self, net, inst, dst, msg):
+    def outgoing(self, net, inst, dst, msg, fate):
         if not isinstance(msg, Vote) or msg.validator != inst.validator or msg.height != 2:
             return [msg]
         if msg.round == 0 and msg.type == VoteType.PREVOTE:
