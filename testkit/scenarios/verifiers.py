@@ -114,7 +114,7 @@ async def verifier_gossip(root: Path, seed: int = 0, quick: bool = False) -> dic
     and everyone converges (no fork, nothing lost, identical app hashes)."""
     c = await ProxiedCommittee(Path(root), seed=seed).start()
     ledger, counter = Ledger(), [0]
-    heights = 5 if quick else 20
+    heights = 20 if quick else 100
     try:
         await c.wait_height(list(range(c.n)), 2, 90)
         c.kill(2, signal.SIGKILL)
