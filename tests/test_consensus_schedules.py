@@ -17,7 +17,7 @@ from testkit.simnet import FixedDelay, Network
 from gentorrent.ledger.chain import VoteType
 
 BATCH = 25
-SEEDS = {4: 200, 7: 100}  # schedules per committee size in make test
+SEEDS = {4: 400, 7: 200}  # schedules per committee size in make test
 SAVED = sorted((Path(__file__).parent / "data" / "consensus_schedules").glob("*.json"))
 
 
