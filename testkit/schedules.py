@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gentorrent.config import CONSENSUS, CONSENSUS_FAST
+from gentorrent.ledger.chain import (NIL, CommitError, Proposal, Vote, VoteType, make_block,
+                                     verify_commit)
 from testkit.simnet import (CHAIN, BlockReply, DecideCrash, Fate, Instance, KvHost, Network,
-                                       SignCrash)
+                            SignCrash)
 from verifier.consensus import gossip
 from verifier.consensus.gossip import RoundState, VoteBits
-from gentorrent.ledger.chain import (NIL, CommitError, Proposal, Vote, VoteType, make_block,
-                                      verify_commit)
 
 BEHAVIOURS = ("equivocate", "junk", "poison", "mute", "lie", "silent")
 
@@ -107,16 +107,15 @@ class Byzantine:
 
     @staticmethod
     def _lie(inst: Instance, state: RoundState, rng: Fate) -> RoundState:
-        """Claim to hold nothing, or every vote of every listed value."""
+        """Claim to hold nothing, or every vote of every value it lists."""
+        def full(bits: tuple[VoteBits, ...]) -> tuple[VoteBits, ...]:
+            return tuple(VoteBits(b.value, b"\xff" * len(b.bits)) for b in bits)
+
         if rng.random() < 0.5:
             lie = replace(state, rounds=())
         else:
-            full = b"\xff" * len(state.rounds[0].prevotes[0].bits) if state.rounds and state.rounds[0].prevotes else b""
-            lie = replace(state, rounds=tuple(replace(e, has_proposal=True,
-                                                      prevotes=tuple(VoteBits(b.value, full or b.bits) for b in e.prevotes),
-                                                      precommits=tuple(VoteBits(b.value, full or b.bits)
-                                                                       for b in e.precommits))
-                                              for e in state.rounds))
+            lie = replace(state, rounds=tuple(replace(e, has_proposal=True, prevotes=full(e.prevotes),
+                                                      precommits=full(e.precommits)) for e in state.rounds))
         return gossip.signed(lie, CHAIN, inst.identity.sign)
 
 

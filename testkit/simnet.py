@@ -34,12 +34,12 @@ from typing import Protocol
 
 from gentorrent.config import CONSENSUS_FAST, ConsensusTimeouts
 from gentorrent.crypto.keys import Identity
+from gentorrent.ledger.chain import (Block, Commit, CommitError, Proposal, Step, Validator, ValidatorSet,
+                                     Vote, make_block, verify_commit)
 from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, SendTo, StartTimer,
                                        TimeoutFired)
 from verifier.consensus.gossip import RoundState
 from verifier.consensus.privval import PrivValidator
-from gentorrent.ledger.chain import (Block, Commit, CommitError, Proposal, Step, Validator, ValidatorSet,
-                                      Vote, make_block, verify_commit)
 from verifier.consensus.wal import WriteAheadLog
 
 CHAIN = "sim-chain"

@@ -10,11 +10,11 @@ import pytest
 
 from gentorrent.config import CONSENSUS_FAST
 from gentorrent.crypto.keys import Identity
+from gentorrent.ledger.chain import (NIL, DecodeError, Proposal, Validator, ValidatorSet, Vote, VoteType,
+                                     make_block)
 from verifier.consensus import gossip
 from verifier.consensus.driver import Broadcast, Driver, NeedBlock, SendTo
 from verifier.consensus.gossip import RoundState, decode_payload, encode_payload
-from gentorrent.ledger.chain import (NIL, DecodeError, Proposal, Validator, ValidatorSet, Vote, VoteType,
-                                      make_block)
 
 CHAIN = "gossip-test"
 IDS = [Identity.from_seed(hashlib.sha256(f"gossip-{i}".encode()).digest()) for i in range(4)]

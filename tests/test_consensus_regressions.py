@@ -15,9 +15,9 @@ from dataclasses import replace
 
 import pytest
 
+from gentorrent.ledger.chain import NIL, Block, Proposal, Step, Vote, VoteType
 from testkit.schedules import safety
 from testkit.simnet import CHAIN, BlockReply, FixedDelay, Network, SignCrash, validator_set
-from gentorrent.ledger.chain import NIL, Block, Proposal, Step, Vote, VoteType
 
 SEED = 0
 VALS = validator_set(4, SEED)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from testkit.schedules import (Plan, agreement, judge, load_failure, lock_discipline, run_plan,
-                                          save_failure)
-from testkit.simnet import FixedDelay, Network
 from gentorrent.ledger.chain import VoteType
+from testkit.schedules import (Plan, agreement, judge, load_failure, lock_discipline, run_plan,
+                               save_failure)
+from testkit.simnet import FixedDelay, Network
 
 BATCH = 25
 SEEDS = {4: 400, 7: 200}  # schedules per committee size in make test

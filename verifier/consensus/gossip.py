@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 
 from gentorrent.config import WIRE
 from gentorrent.crypto.keys import SIGNATURE_BYTES, is_valid_signature
-from verifier.consensus.state_machine import HeightStateMachine
 from gentorrent.ledger.chain import (HASH_BYTES, MAX_VALIDATORS, DecodeError, Proposal, Reader,
-                                      Vote, VoteType, Writer, decode_message, encode_message)
+                                     Vote, VoteType, Writer, decode_message, encode_message)
+from verifier.consensus.state_machine import HeightStateMachine
 
 KIND_ROUND_STATE = 3  # payload kind of a ConsensusMessage (types.py has 1: proposal, 2: vote)
 MAX_ROUNDS = 8  # rounds described in one RoundState
