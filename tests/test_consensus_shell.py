@@ -17,6 +17,7 @@ from consensus_netkit import Member, free_base_port
 from verifier import cli
 from verifier.consensus.blockstore import BlockStore
 from verifier.consensus.home import DATA_DIR
+from verifier.consensus import gossip
 from verifier.consensus.node import CODE_IN_MEMPOOL, CODE_OVERSIZE, VerifierNode
 from gentorrent.ledger.chain import Commit, CommitSig, Vote, VoteType, encode_message, make_block
 from gentorrent.ledger.genesis import Genesis
@@ -134,3 +135,33 @@ async def test_a_store_ahead_by_a_block_that_does_not_match_is_refused(home):
     store.close()
     with pytest.raises(Exception, match="app hash"):
         await VerifierNode(home).start()
+
+
+async def test_a_flood_of_round_states_gets_one_answer_per_half_period_and_forgeries_none(tmp_path):
+    """An answer can carry megabytes, so one validator asking many times in a row is answered
+    once per half gossip period; a forged state (wrong key) does not use up that slot."""
+    assert cli.main(["--log-level", "WARNING", "init", "--validators", "2", "--out", str(tmp_path),
+                     "--base-port", str(free_base_port(2)), "--timeouts", "fast"]) == 0
+    node = VerifierNode(tmp_path / "v0")
+    await node.start()  # (v1 never starts: v0 waits at height 1 with its own messages)
+    peer = 1 - node.me
+    key = NodeKeys.load_or_create(tmp_path / f"v{peer}").identity
+    try:
+        await until(lambda: node.driver.sm.votes.round_power(0) > 0)  # it holds something to relay
+
+        def state(seq: int, signer=key):
+            s = gossip.RoundState(peer, seq, node.driver.height, 0, 1, ())
+            return gossip.encode_payload(gossip.signed(s, node.genesis.chain_id, signer.sign))
+
+        assert node.on_consensus_payload(state(1, signer=node.identity)).ok  # forged: v0's own key
+        assert node.gossip["states_answered"] == 0
+        for seq in range(2, 22):  # twenty genuine ones in a row
+            assert node.on_consensus_payload(state(seq)).ok
+        assert 1 <= node.gossip["states_answered"] <= 3, node.gossip
+        assert node.gossip["relayed"] > 0
+        answered = node.gossip["states_answered"]
+        await asyncio.sleep(node.timeouts.gossip_s)
+        assert node.on_consensus_payload(state(100)).ok
+        assert node.gossip["states_answered"] == answered + 1
+    finally:
+        await node.stop()

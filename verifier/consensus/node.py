@@ -254,7 +254,7 @@ class VerifierNode:
         self.driver = Driver(self.genesis.chain_id, self.validators, self.me, self.privval, self.host,
                              self.timeouts, journal=self.wal.append, timely=self.host.timely,
                              state_signer=self.identity.sign, state_seq=time.time_ns() // 1000)
-        self.gossip = {"states_sent": 0, "states_received": 0, "relayed": 0}
+        self.gossip = {"states_sent": 0, "states_received": 0, "states_answered": 0, "relayed": 0}
         self._state_answered: dict[int, float] = {}  # validator -> when its last state was answered
         self.peers: dict[int, Peer] = {}
         self.port = 0
@@ -487,6 +487,7 @@ class VerifierNode:
         effects = self.driver.on_round_state(state)
         if self.driver.peer_state_seq(state.validator) == state.seq:
             self._state_answered[state.validator] = now
+            self.gossip["states_answered"] += 1
         self._perform(effects)
 
     async def _ticker(self) -> None:
