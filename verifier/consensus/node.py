@@ -493,7 +493,7 @@ class VerifierNode:
     async def _ticker(self) -> None:
         """While a height makes no progress: send peers this node's round state (they relay
         what it lacks, gossip.py), and ask them for blocks (an observer gets no votes)."""
-        period = self.timeouts.gossip_s
+        period = max(0.05, self.timeouts.gossip_s)  # (a zero in a config must not spin)
         while True:
             await asyncio.sleep(period)
             if self._halted:
