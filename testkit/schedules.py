@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gentorrent.config import CONSENSUS, CONSENSUS_FAST
-from gentorrent.ledger.chain import (NIL, CommitError, Proposal, Vote, VoteType, make_block,
+from gentorrent.ledger.chain import (NIL, CommitError, Proposal, Step, Vote, VoteType, make_block,
                                      verify_commit)
 from testkit.simnet import (CHAIN, BlockReply, DecideCrash, Fate, Instance, KvHost, Network,
                             SignCrash)
@@ -242,6 +242,9 @@ def _crash(rng: random.Random, instance: int, gst: float) -> dict:
     kind = rng.choice(["time", "time", "sign", "sign", "decide"])
     if kind == "time":
         return {"kind": "time", "instance": instance, "at": rng.uniform(0.0, gst), "down": down}
+    if kind == "sign" and rng.random() < 0.5:  # right at a precommit: the moment a lock is taken
+        return {"kind": "sign", "instance": instance, "step": "PRECOMMIT", "nth": rng.randint(1, 12), "down": down,
+                "point": rng.choice(["before", "after", "after_send", "after_send"])}
     if kind == "sign":
         return {"kind": "sign", "instance": instance, "nth": rng.randint(1, 40), "down": down,
                 "point": rng.choice(["before", "after", "after_send"])}
@@ -292,7 +295,9 @@ def build(plan: Plan) -> Network:
         if c["kind"] == "time":
             net.crash_at(c["at"], c["instance"], c["down"])
         elif c["kind"] == "sign":
-            net.sign_crashes.append(SignCrash(c["instance"], nth=c["nth"], point=c["point"], down_for=c["down"]))
+            step = Step[c["step"]] if c.get("step") else None
+            net.sign_crashes.append(SignCrash(c["instance"], nth=c["nth"], point=c["point"], down_for=c["down"],
+                                              step=step))
         else:
             net.decide_crashes.append(DecideCrash(c["instance"], c["nth"], c["down"]))
     return net

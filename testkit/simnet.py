@@ -213,13 +213,18 @@ class SignCrash:
     when: Callable[[Step, int, int], bool] | None = None
     point: str = "after"
     down_for: float | None = None  # None: it never comes back
-    nth: int | None = None
+    nth: int | None = None  # its nth signature (of `step` only, if given), across restarts
+    step: Step | None = None
     fired: bool = False
 
     def matches(self, inst: "Instance", step: Step, height: int, round_: int) -> bool:
         if self.fired or inst.id != self.instance:
             return False
-        return inst.signatures == self.nth if self.nth is not None else self.when(step, height, round_)
+        if self.nth is None:
+            return self.when(step, height, round_)
+        if self.step is None:
+            return inst.signatures == self.nth
+        return step is self.step and inst.signed_steps.get(step, 0) == self.nth
 
 
 @dataclass
@@ -252,6 +257,7 @@ class Instance:
     synced: int = 0  # WAL bytes known to be on disk
     wal_ino: int = 0
     signatures: int = 0
+    signed_steps: dict = field(default_factory=dict)  # Step -> signatures of that step
     decisions: int = 0
     height_started: float = 0.0
     catchup_pending: bool = False
@@ -267,6 +273,7 @@ class _Signer:
 
     def sign(self, step: Step, height: int, round_: int, sign_bytes: bytes) -> bytes:
         self.inst.signatures += 1
+        self.inst.signed_steps[step] = self.inst.signed_steps.get(step, 0) + 1
         trigger = self.net._sign_trigger(self.inst, step, height, round_)
         if trigger is not None and trigger.point == "before":
             raise Crash()
