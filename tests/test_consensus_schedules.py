@@ -19,7 +19,7 @@ from testkit.schedules import (Plan, agreement, judge, load_failure, lock_discip
 from testkit.simnet import FixedDelay, Network
 
 BATCH = 25
-SEEDS = {4: 400, 7: 200}  # schedules per committee size in make test
+SEEDS = {4: 300, 7: 100}  # schedules per committee size in make test
 SAVED = sorted((Path(__file__).parent / "data" / "consensus_schedules").glob("*.json"))
 
 
