@@ -136,8 +136,8 @@ def fit(points: dict) -> dict:
 
 
 async def run(args) -> dict:
-    from gentorrent.model_node import catalogue
-    from gentorrent.model_node.engine import Engine
+    from model_node import catalogue
+    from model_node.engine import Engine
 
     model = catalogue.resolve(args.model)
     _progress(f"starting the engine on {model.path}")
