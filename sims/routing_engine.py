@@ -242,7 +242,9 @@ class SimNode:
             t = self.t_last + max(0.0, self.cur_rem) / r_pre
         if self.dec:
             t = min(t, self.t_last + max(0.0, self.dec[0][0] - self.progress) / r_dec)
-        return t
+        # at least a nanosecond ahead: a remainder too small to move t in floating point
+        # would otherwise be rescheduled at the same instant for ever
+        return max(t, self.t_last + 1e-9) if t < math.inf else t
 
     def arrive(self, job: Job, t: float) -> list[Job]:
         self.advance(t)
@@ -254,7 +256,7 @@ class SimNode:
         """Complete what is due at t, admit what fits; returns finished jobs."""
         self.advance(t)
         done: list[Job] = []
-        if self.cur is not None and self.cur_rem <= 1e-9:
+        if self.cur is not None and self.cur_rem <= 1e-6:
             job = self.cur
             self.cur = None
             job.first_token = t
