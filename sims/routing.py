@@ -565,6 +565,7 @@ def write_csv(results: list[RunResult], path: Path) -> None:
 
 def append_csv(rows: list[RunResult], path: Path) -> None:
     new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as fh:
         w = csv.writer(fh)
         if new:
