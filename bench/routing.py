@@ -16,7 +16,9 @@ tokens, picked Zipf(1.1), each followed by a short distinct question; --output-t
 
 Before the phases, node 0 measures the engine's serving cost on this machine: prefill
 seconds per uncached token (TTFT slope between short and long fresh prompts) and decode
-seconds per token (one stream), the SmolLM2-on-CPU profile of sims/routing_engine.py.
+seconds per token (one stream) -- a cross-check, through a whole node, of the fuller profile
+bench/engine_profile.py measures for the simulator (results/engine_profile_cpu.json).
+The simulator (`python -m sims.routing`) compares the same policy against SGLang's router.
 
 Prints ONE JSON line; progress goes to stderr.
 """

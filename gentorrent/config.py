@@ -88,7 +88,20 @@ class RoutingParams:
     # at once (herding). So a node keeps a request (a miss, or a match it holds itself) unless
     # the best other choice is lighter by more than this many relative-load units.
     forward_margin: float = 1.0
-    default_chunk_length: int = 32  # chunk length beyond the Sentry's array L
+    # Rendezvous homes (policy.py): a miss, or a match most of the group holds, goes to the
+    # home of its prefix; False restores the paper's branches (least loaded member).
+    homes: bool = True
+    shared_match_fraction: float = 0.5  # a match held by this share of the group says nothing
+    # A forwarded request is passed on once more (never a third time) only if the node it
+    # reached is more than this many relative-load units above the least loaded member: its
+    # own load is fresh, what the forwarder knew was up to a gossip interval old.
+    overload_margin: float = 1.0
+    max_hops: int = 2
+    # Tokens per tree node beyond the Sentry's array L. 256, not 32: routing is as good or
+    # better in every simulated group (results/sims/routing.md), while trees, deltas and
+    # gossip merges cost 8x less (a peer's subtree is re-merged every gossip round), and
+    # max_tree_depth chunks cover 64k tokens instead of 8k.
+    default_chunk_length: int = 128
     max_tree_depth: int = 256  # chunks per prompt the tree follows (longer prompts truncate)
     gossip_interval_s: float = 5.0
     peer_silence_s: float = 20.0  # a peer silent this long drops out of the group

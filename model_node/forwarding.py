@@ -6,7 +6,9 @@ Algorithm 2 on the group's HR-tree and node table (`GroupRouting.decide`), and e
 locally (`LocalGenerator`) or calls the chosen peer's `Forward` RPC with hops = 1 and streams
 the peer's chunks back unchanged: the serving node signs the receipt and names itself in
 `served_by`, so a user can check who served it and send follow-ups there. A forwarded request
-is served where it lands (hops > 0 is never forwarded again: no loops).
+is served where it lands unless that node is overloaded by its own fresh load, which passes it
+on once more with hops + 1 (`gentorrent/routing/policy.py`; never beyond ROUTING.max_hops: no
+loops).
 
 A forward that fails before its first chunk (peer down, busy, unreachable within
 `forward_connect_timeout_s`) is served locally instead; one that fails mid-stream fails the

@@ -1,79 +1,76 @@
-"""Routing simulator: HR-tree + load balancing vs. cache-aware and cache-blind baselines.
+"""Routing simulator: GenTorrent's decentralized policy against SGLang's router as shipped.
 
-A discrete-event model of a group of 8 or 16 heterogeneous model nodes (half A100-like, half
-A6000-like; see `sims/routing_engine.py` -- the cost profiles are documented estimates that
-`bench/routing.py` is to re-calibrate on the real engine), Poisson arrivals at several rates
-and four workloads (`sims/routing_workloads.py`). Policies:
+A discrete-event model of a group of model nodes (alternately an H100 and an A100 serving
+Llama-3-8B, or the measured CPU engine: `sims/routing_engine.py` documents every cost and
+its source) under Poisson arrivals, on seven workloads (`sims/routing_workloads.py`). Policies:
 
-- random           each request is served where it enters the group (no forwarding);
-- round_robin      a central dispatcher cycling over the nodes;
-- least_load       a central dispatcher with instant loads: min active / capacity score;
-- ours             GenTorrent: the request enters at a random node, which runs the REAL
-                   cores -- `Sentry.observe`, `LayoutSwitchingTree.search` (an `HRTree` per
-                   chunk layout), `policy.choose_node` -- on its own view: its own subtree
-                   and load are fresh, peers' subtrees (`export_delta`/`merge_delta`), loads
-                   and Sentry statistics/layouts arrive by gossip every 5 s (staggered), so
-                   they are up to 5 s stale; a forward costs `forward_delay_s`, updates the
-                   forwarder's table (`note_forwarded`) and tree (optimistic `insert`); the
-                   serving node inserts the prompt in its own subtree; a forwarded request is
-                   never forwarded again; the Sentry refreshes L after 250 requests;
-- sglang           SGLang's `cache_aware` router (sgl-router cache_aware.rs) as a central
-                   router: imbalanced if max-min load > 64 and max > 1.5 min -> least load;
-                   else the best prefix match if its match rate > 0.3, else the worker with the
-                   smallest tree; its trees are approximate (what it routed), LRU-bounded by
-                   each worker's KV capacity; loads are instant and absolute;
-- oracle           a central greedy router with perfect instant knowledge of every node's real
-                   prefix cache and queue: min estimated time to first token.
+- no_forward   the request is served where it enters the group: a model node picked at
+               random (user nodes pick entry nodes at random, for anonymity). The baseline
+               of the "≥ 50 % better than no forwarding" goal.
+- round_robin  a central dispatcher cycling over the nodes.
+- least_load   a central dispatcher on fresh loads: min outstanding requests / capacity.
+- sglang       SGLang's cache_aware router as shipped (`sims/sglang_router.py`: approximate
+               character radix tree per worker, 2^26-character cap evicted every 120 s, its
+               thresholds and tie-breaking), central, fed with fresh outstanding-request counts
+               exactly as the real router counts them. A request reaches its worker at once.
+- ours         GenTorrent: the request enters at a random node whose `GroupRouting` (the same
+               object a live model node holds: Sentry, layout-switching HR-tree, node table,
+               Algorithm 2 in `gentorrent/routing/policy.py`) decides with `RoutingParams` as
+               shipped in gentorrent/config.py. It knows its own load and subtree fresh and
+               everything else from gossip: every node sends every peer its subtree delta,
+               load and Sentry state each gossip interval (5 s; staggered rounds), so peers'
+               state is up to 5 s old. A forward costs `forward_delay_s` (one model-node hop)
+               and the serving node records the prompt in its own subtree, as the live node
+               does (`decide(tokens, hops=1)`).
+- oracle       a central greedy router with perfect instant knowledge of every engine's real
+               prefix cache and queue: min estimated time to first token. A reference only.
 
-Outputs go to results/sims/routing.{md,csv} and results/sims/routing_<workload>.png.
-`python -m sims.routing` is the default run (8 and 16 nodes, 4 workloads, 4 rates, 6 policies,
-800 requests each: ~100 s of CPU; wall time grows with machine load); `--quick` a small one
-for tests (8 nodes, ToolUse and Mixed, 2 rates, 300 requests: ~5 s of CPU).
-Rates are multiples (0.5, 0.75, 1, 1.5) of what the group could serve with no prefix cache.
+Each run is one (workload, nodes, seed, load) group and every policy sees the same requests.
+Load is a multiple of what the group could serve with no prefix cache (`nocache_capacity`).
+Statistics leave out the first 10 % of requests (cold caches; gossiping nodes know no peer
+before the first round).
+
+    .venv/bin/python -m sims.routing            # the full sweep (progress on stderr)
+    .venv/bin/python -m sims.routing --quick    # a small one (tests)
+    .venv/bin/python -m sims.routing --replot   # tables and PNGs again from the CSV
+
+The last line on stdout is ONE JSON line of headline figures (`headline`).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import heapq
 import itertools
+import json
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from gentorrent.config import ROUTING, RoutingParams
-from gentorrent.routing.chunking import ChunkHasher
-from gentorrent.routing.hrtree import HRTree, LayoutSwitchingTree, NodeTable
-from gentorrent.routing.policy import choose_node
-from gentorrent.routing.sentry import Sentry
+from gentorrent.routing.group import GroupRouting, LocalLoad, PeerReport
 from sims.routing_engine import PROFILES, Job, SimNode, block_keys
-from sims.routing_workloads import WORKLOADS, RequestFactory, generate
+from sims.routing_workloads import WORKLOADS, Request, RequestFactory, generate
+from sims.sglang_router import SGLangConfig, SGLangRouter
 
-POLICIES = ("random", "round_robin", "least_load", "sglang", "ours", "oracle")
+POLICIES = ("no_forward", "round_robin", "least_load", "sglang", "ours", "oracle")
+GPU_PAIR = ("h100-llama3-8b", "a100-llama3-8b")
 
 
 @dataclass(frozen=True)
 class SimConfig:
     nodes: int = 8
-    profiles: tuple[str, ...] = ("a100-8b", "a6000-8b")  # alternated over the nodes
+    profiles: tuple[str, ...] = GPU_PAIR  # alternated over the nodes
     forward_delay_s: float = 0.02  # one extra model-node-to-model-node hop
-    gossip_interval_s: float = ROUTING.gossip_interval_s
-    # the cores' parameters, adapted to 8B-on-GPU prompts of ~2k-16k tokens: 256-token
-    # default chunks keep trees at a few thousand nodes per member; the Sentry refreshes
-    # after 250 requests so that a layout switch happens inside every run.
-    routing: RoutingParams = replace(ROUTING, default_chunk_length=256, sentry_refresh_requests=250)
-    # statistics leave out the first 10 % of requests: every policy starts with cold caches
-    # and the gossiping ones with no view of their peers until the first round (5 s); the
-    # figures are for a group that has been running
+    routing: RoutingParams = ROUTING  # GenTorrent's shipped defaults
+    sglang: SGLangConfig = SGLangConfig()  # sgl-router's shipped defaults
     warmup_fraction: float = 0.1
-    sglang_balance_abs: int = 64
-    sglang_balance_rel: float = 1.5
-    sglang_cache_threshold: float = 0.3
     seed: int = 1
 
 
@@ -87,7 +84,6 @@ class Cluster:
         self.cfg = cfg
         self.nodes = [SimNode(i, PROFILES[cfg.profiles[i % len(cfg.profiles)]])
                       for i in range(cfg.nodes)]
-        self.block = self.nodes[0].profile.block_tokens
 
 
 class Policy:
@@ -101,15 +97,20 @@ class Policy:
     def route(self, job: Job, tokens: np.ndarray, now: float) -> tuple[int, bool]:
         raise NotImplementedError
 
-    def on_arrival_at_node(self, idx: int, job: Job, tokens: np.ndarray, now: float) -> None:
-        pass
+    def on_arrival_at_node(self, idx: int, tokens: np.ndarray, now: float, hops: int) -> int | None:
+        """A forwarded request (hops > 0) reached node idx: None to serve it there, or the
+        node to pass it on to."""
+        return None
 
     def gossip(self, idx: int, now: float) -> None:
         pass
 
+    def stats(self) -> dict:
+        return {}
 
-class RandomPolicy(Policy):
-    name = "random"
+
+class NoForwardPolicy(Policy):
+    name = "no_forward"
 
     def route(self, job, tokens, now):
         return int(self.rng.integers(len(self.cluster.nodes))), False
@@ -135,55 +136,46 @@ class LeastLoadPolicy(Policy):
                    key=lambda i: (nodes[i].active / nodes[i].profile.capacity_score, i)), False
 
 
-class SGLangCacheAware(Policy):
-    """sgl-router's cache_aware rule over per-worker approximate trees (block-granular)."""
+class SGLangPolicy(Policy):
+    """`sims/sglang_router.py` with the router's own fresh outstanding-request counts."""
 
     name = "sglang"
 
     def __init__(self, cluster, rng):
         super().__init__(cluster, rng)
-        from sims.routing_engine import PrefixCache
-        self.trees = [PrefixCache(n.profile.kv_tokens // n.profile.block_tokens)
-                      for n in cluster.nodes]
+        self.router = SGLangRouter(len(cluster.nodes), cluster.cfg.seed, cluster.cfg.sglang)
 
     def route(self, job, tokens, now):
-        cfg = self.cluster.cfg
         loads = [n.active for n in self.cluster.nodes]
-        hi, lo = max(loads), min(loads)
-        if hi - lo > cfg.sglang_balance_abs and hi > lo * cfg.sglang_balance_rel:
-            target = loads.index(lo)
-        else:
-            matches = [t.match(job.keys) for t in self.trees]
-            best = max(range(len(matches)), key=lambda i: (matches[i], -i))
-            rate = matches[best] * job.block / max(1, job.n_tokens)
-            if rate > cfg.sglang_cache_threshold:
-                target = best
-            else:
-                target = min(range(len(self.trees)), key=lambda i: (len(self.trees[i]), i))
-        self.trees[target].insert(job.keys)
-        return target, False
+        return self.router.select(tokens, loads, now), False
+
+    def stats(self):
+        d = self.router.decisions
+        total = max(1, sum(d.values()))
+        return {"sglang_balance_share": d["balance"] / total, "sglang_evictions": self.router.evictions}
 
 
 class OraclePolicy(Policy):
-    """Greedy on perfect instant state: min (queued prefill + own uncached prefill) time."""
+    """Greedy on perfect instant state: min estimated time to first token."""
 
     name = "oracle"
 
     def route(self, job, tokens, now):
         best, best_t = 0, math.inf
         for n in self.cluster.nodes:
-            unc = n.uncached_if_sent(job.keys, job.n_tokens, job.block)
             p = n.profile
-            t = (n.pending_prefill_tokens() + unc) * p.prefill_s_per_token \
-                + len(n.dec) * p.decode_per_seq_s * 20 + len(n.queue) * p.decode_base_s
+            unc = n.uncached_if_sent(job.keys, job.n_tokens, job.block)
+            backlog = n.cur_rem * p.linear_s_per_token + sum(
+                p.prefill_s(j.n_tokens, 0) for j in n.queue)
+            t = backlog + p.prefill_s(job.n_tokens, job.n_tokens - unc) \
+                + len(n.dec) * p.decode_step_s(1, 0) / max(1, p.max_seqs) * 8
             if t < best_t:
-                best, best_t, best_unc = n.idx, t, unc
-        job.est_uncached = best_unc
+                best, best_t = n.idx, t
         return best, False
 
 
 class OursPolicy(Policy):
-    """GenTorrent: each node decides alone with its HR-tree, node table and Sentry."""
+    """GenTorrent: each node decides alone with its own `GroupRouting`, fed by gossip."""
 
     name = "ours"
     central = False
@@ -193,83 +185,59 @@ class OursPolicy(Policy):
         cfg = cluster.cfg
         self.params = cfg.routing
         self.ids = [f"m{i:02d}" for i in range(len(cluster.nodes))]
-        self.hasher = ChunkHasher(self.params.hash_bits, self.params.hash_seed)
-        self.sentries = [Sentry(i, self.params) for i in self.ids]
-        self.tables = [NodeTable(self.params) for _ in self.ids]
-        self.trees = [self._new_tree(i, self.sentries[i].layout) for i in range(len(self.ids))]
-        for t in self.tables:
-            for i, n in enumerate(cluster.nodes):
-                t.update(self.ids[i], active=0, capacity=n.profile.capacity_score, now=0.0)
-        self.forwards = 0
-        self.tree_hits = 0
-        self.decisions = 0
-        self.layout_switches = 0
+        self.roster = set(self.ids)
+        self.groups = [GroupRouting(self.ids[i], n.profile.capacity_score, n.profile.kv_tokens,
+                                    version_base=0, params=self.params)
+                       for i, n in enumerate(cluster.nodes)]
         self.delta_bytes = 0
         self.deltas = 0
 
-    def _new_tree(self, i: int, layout) -> LayoutSwitchingTree:
-        tree = LayoutSwitchingTree(HRTree(self.ids[i], layout, self.params, self.hasher))
-        for j, n in enumerate(self.cluster.nodes):
-            tree.set_kv_capacity(self.ids[j], n.profile.kv_tokens)
-        return tree
+    def _load(self, i: int) -> LocalLoad:
+        n = self.cluster.nodes[i]
+        return LocalLoad(active=n.active, queued=len(n.queue))
 
     def route(self, job, tokens, now):
         entry = int(self.rng.integers(len(self.ids)))
-        me = self.cluster.nodes[entry]
-        self.sentries[entry].observe(tokens)
-        table = self.tables[entry]
-        table.update(self.ids[entry], active=me.active, capacity=me.profile.capacity_score,
-                     now=now)
-        tree = self.trees[entry]
-        match = tree.search(tokens, now)
-        d = choose_node(self.ids[entry], match, table, hops=0, now=now, params=self.params)
-        self.decisions += 1
-        self.tree_hits += bool(match.candidates)
-        target = self.ids.index(d.node_id)
-        if d.forward:
-            self.forwards += 1
-            table.note_forwarded(d.node_id)
-            tree.insert(tokens, d.node_id, now)  # optimistic, replaced by its next delta
-        return target, d.forward
+        d = self.groups[entry].decide(tokens, 0, now, self._load(entry))
+        return (self.ids.index(d.node_id) if d.forward else entry), d.forward
 
-    def on_arrival_at_node(self, idx, job, tokens, now):
-        # the serving node records what its engine is about to hold (its own subtree)
-        self.trees[idx].insert(tokens, self.ids[idx], now)
+    def on_arrival_at_node(self, idx, tokens, now, hops):
+        if hops == 0:
+            return None
+        # the Forward RPC: served here (recorded in this node's own subtree), or passed on
+        d = self.groups[idx].decide(tokens, hops, now, self._load(idx))
+        return self.ids.index(d.node_id) if d.forward else None
 
     def gossip(self, i, now):
-        """Node i's gossip round: its subtree delta, load and Sentry state to every peer."""
-        me = self.cluster.nodes[i]
-        src = self.trees[i]
-        full = None
-        for j in range(len(self.ids)):
+        """Node i's gossip round: a signed message to every peer (the shell's job), merged."""
+        src = self.groups[i]
+        n = self.cluster.nodes[i]
+        load = self._load(i)
+        stats, layout = src.sentry.export_stats(), src.sentry.export_layout()
+        deltas: dict[int, bytes] = {}
+        for j, dst in enumerate(self.groups):
             if j == i:
                 continue
-            dst = self.trees[j]
-            since = dst.version(self.ids[i]) if dst.layout.layout_id == src.layout.layout_id else -1
-            if since < src.version(self.ids[i]):
-                if full is None:
-                    full = src.export_delta(self.ids[i], 0)
-                data = full
-            else:
-                data = src.export_delta(self.ids[i], since)  # header only
+            since = dst.holds_version(self.ids[i])
+            data = deltas.get(since)
+            if data is None:
+                data = deltas[since] = src.outgoing_delta(since)
             self.delta_bytes += len(data)
             self.deltas += 1
-            dst.merge_delta(data, now)
-            self.tables[j].update(self.ids[i], active=me.active,
-                                  capacity=me.profile.capacity_score, now=now)
-            self.sentries[j].merge_stats(self.sentries[i].export_stats())
-            if self.sentries[j].merge_layout(self.sentries[i].export_layout()) is not None:
-                self._switch(j, now)
-        if self.sentries[i].tick(self.ids, now) is not None:
-            self._switch(i, now)
+            dst.merge_peer(PeerReport(self.ids[i], load, n.profile.capacity_score,
+                                      n.profile.kv_tokens, data, stats, layout), now)
+        src.tick(self.roster, now)
 
-    def _switch(self, j: int, now: float) -> None:
-        self.layout_switches += 1
-        self.trees[j].switch(self.sentries[j].layout, now)
+    def stats(self):
+        c = [g.counters for g in self.groups]
+        req = max(1, sum(x.requests for x in c))
+        return {"tree_hit_rate": sum(x.tree_hits for x in c) / req,
+                "layout_epoch": max(g.sentry.layout.epoch for g in self.groups),
+                "delta_bytes_per_message": self.delta_bytes / max(1, self.deltas)}
 
 
-POLICY_CLASSES = {c.name: c for c in (RandomPolicy, RoundRobinPolicy, LeastLoadPolicy,
-                                      SGLangCacheAware, OursPolicy, OraclePolicy)}
+POLICY_CLASSES = {c.name: c for c in (NoForwardPolicy, RoundRobinPolicy, LeastLoadPolicy,
+                                      SGLangPolicy, OursPolicy, OraclePolicy)}
 
 
 # ----------------------------------------------------------------------------- event loop
@@ -279,6 +247,8 @@ POLICY_CLASSES = {c.name: c for c in (RandomPolicy, RoundRobinPolicy, LeastLoadP
 class RunResult:
     workload: str
     nodes: int
+    seed: int
+    load: float  # multiple of the no-cache capacity
     policy: str
     rate: float
     n: int
@@ -289,254 +259,379 @@ class RunResult:
     hit_rate: float  # prompt tokens served from the prefix cache / all prompt tokens
     forward_rate: float
     tree_hit_rate: float
+    sim_s: float  # simulated seconds
     wall_s: float
 
 
-def simulate(cfg: SimConfig, policy_name: str, requests, rate: float, workload: str) -> RunResult:
+def _job(r: Request, block: int, arrival: float) -> Job:
+    full = block_keys(np.concatenate([r.tokens, r.reply]), block) if r.reply is not None else None
+    return Job(r.rid, arrival, len(r.tokens), r.out_len, block_keys(r.tokens, block), block, full)
+
+
+def simulate(cfg: SimConfig, policy_name: str, requests: list[Request], rate: float,
+             workload: str, load: float = 0.0) -> RunResult:
+    """One policy on one request stream (pure: same inputs, same result)."""
+    gc.disable()  # millions of short-lived tree nodes: the cyclic collector only costs here
+    try:
+        return _simulate(cfg, policy_name, requests, rate, workload, load)
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+def _simulate(cfg: SimConfig, policy_name: str, requests: list[Request], rate: float,
+              workload: str, load: float) -> RunResult:
     t0 = time.perf_counter()
     cluster = Cluster(cfg)
     rng = np.random.default_rng([cfg.seed, POLICIES.index(policy_name)])
     policy = POLICY_CLASSES[policy_name](cluster, rng)
-    block = cluster.block
-    max_len = max(len(r.tokens) for r in requests)
-    mult = np.random.default_rng(12345).integers(1, 2**63, max_len, dtype=np.uint64) | np.uint64(1)
+    block = cluster.nodes[0].profile.block_tokens
     heap: list = []
     seq = itertools.count()
     for r in requests:
-        heapq.heappush(heap, (r.arrival, next(seq), "arrive", r))
+        if not math.isnan(r.arrival):
+            heapq.heappush(heap, (r.arrival, next(seq), "arrive", r))
     if not policy.central:
         n = len(cluster.nodes)
         for i in range(n):
-            heapq.heappush(heap, (cfg.gossip_interval_s * (i + 1) / n, next(seq), "gossip", i))
-    tokens_of: dict[int, np.ndarray] = {}
+            heapq.heappush(heap, (ROUTING.gossip_interval_s * (i + 1) / n, next(seq), "gossip", i))
+    pending: dict[int, tuple[Request, np.ndarray]] = {}
+    by_rid = {r.rid: r for r in requests}
     finished: list[Job] = []
-    pending = len(requests)
+    now = 0.0
 
     def schedule(node: SimNode) -> None:
         t = node.next_time()
         if t < math.inf:
             heapq.heappush(heap, (t, next(seq), "node", (node.idx, node.epoch)))
 
-    while heap and pending:
+    def done(jobs: list[Job], t: float) -> None:
+        for job in jobs:
+            finished.append(job)
+            nxt = by_rid[job.rid].follow_up
+            if nxt is not None:  # a chat's next turn, after the user's think time
+                heapq.heappush(heap, (t + by_rid[job.rid].think_s, next(seq), "arrive", nxt))
+
+    def reach(target: int, job: Job, tokens: np.ndarray, t: float, hops: int) -> None:
+        onward = policy.on_arrival_at_node(target, tokens, t, hops)
+        if onward is not None:
+            job.hops = hops + 1
+            pending[job.rid] = (by_rid[job.rid], tokens)
+            heapq.heappush(heap, (t + cfg.forward_delay_s, next(seq), "reach", (onward, job)))
+            return
+        node = cluster.nodes[target]
+        done(node.arrive(job, t), t)
+        schedule(node)
+
+    while heap and len(finished) < len(requests):
         now, _, kind, data = heapq.heappop(heap)
         if kind == "arrive":
             r = data
-            job = Job(r.rid, r.arrival, len(r.tokens), r.out_len,
-                      block_keys(r.tokens, block, mult), block)
+            job = _job(r, block, now)
             target, forwarded = policy.route(job, r.tokens, now)
             job.forwarded = forwarded
             if forwarded:
-                tokens_of[r.rid] = r.tokens
+                job.hops = 1
+                pending[r.rid] = (r, r.tokens)
                 heapq.heappush(heap, (now + cfg.forward_delay_s, next(seq), "reach", (target, job)))
             else:
-                _reach(cluster, policy, target, job, r.tokens, now, finished, schedule)
+                reach(target, job, r.tokens, now, 0)
         elif kind == "reach":
             target, job = data
-            _reach(cluster, policy, target, job, tokens_of.pop(job.rid), now, finished, schedule)
+            _, tokens = pending.pop(job.rid)
+            reach(target, job, tokens, now, job.hops)
         elif kind == "node":
             idx, epoch = data
             node = cluster.nodes[idx]
             if node.epoch != epoch:
                 continue
-            finished += node.process(now)
+            done(node.process(now), now)
             schedule(node)
         elif kind == "gossip":
             policy.gossip(data, now)
-            heapq.heappush(heap, (now + cfg.gossip_interval_s, next(seq), "gossip", data))
-        pending = len(requests) - len(finished)
-    return _summarise(workload, cfg, policy, rate, finished, time.perf_counter() - t0)
+            heapq.heappush(heap, (now + ROUTING.gossip_interval_s, next(seq), "gossip", data))
+    return _summarise(workload, cfg, policy, rate, load, finished, now, time.perf_counter() - t0)
 
 
-def _reach(cluster, policy, target, job, tokens, now, finished, schedule) -> None:
-    policy.on_arrival_at_node(target, job, tokens, now)
-    node = cluster.nodes[target]
-    if not job.est_uncached:
-        job.est_uncached = node.uncached_if_sent(job.keys, job.n_tokens, job.block)
-    finished += node.arrive(job, now)
-    schedule(node)
-
-
-def _summarise(workload, cfg, policy, rate, jobs, wall) -> RunResult:
-    skip = int(cfg.warmup_fraction * len(jobs))
+def _summarise(workload, cfg, policy, rate, load, jobs, sim_s, wall) -> RunResult:
+    skip = int(cfg.warmup_fraction * (max(j.rid for j in jobs) + 1))
     jobs = [j for j in jobs if j.rid >= skip]
     lat = np.array([j.finish - j.arrival for j in jobs])
     ttft = np.array([j.first_token - j.arrival for j in jobs])
     hit = sum(j.cached for j in jobs) / max(1, sum(j.n_tokens for j in jobs))
     fwd = sum(j.forwarded for j in jobs) / max(1, len(jobs))
-    tree_hit = policy.tree_hits / policy.decisions if getattr(policy, "decisions", 0) else math.nan
-    return RunResult(workload, cfg.nodes, policy.name, rate, len(jobs), float(lat.mean()),
-                     float(np.percentile(lat, 99)), float(ttft.mean()),
-                     float(np.percentile(ttft, 99)), hit, fwd, tree_hit, wall)
+    tree_hit = policy.stats().get("tree_hit_rate", math.nan)
+    return RunResult(workload, cfg.nodes, cfg.seed, load, policy.name, rate, len(jobs),
+                     float(lat.mean()), float(np.percentile(lat, 99)), float(ttft.mean()),
+                     float(np.percentile(ttft, 99)), hit, fwd, tree_hit, sim_s, wall)
 
 
 # ----------------------------------------------------------------------------- experiment
 
 
 def nocache_capacity(workload: str, cfg: SimConfig, factory: RequestFactory) -> float:
-    """Requests/s the group could serve with no prefix cache: the unit of the rate grid.
+    """Requests/s the group could serve with no prefix cache: the unit of the load grid.
 
-    Per request and node: prefill of the whole prompt, plus its share of decode steps in a
-    nominal batch of 32 sequences."""
+    Per request and node: prefill of the whole prompt alone, plus its share of decode steps
+    in a batch of 32 sequences of the workload's mean context."""
     reqs = generate(workload, 1.0, 300, cfg.seed + 99, factory)
     mean_tokens = float(np.mean([len(r.tokens) for r in reqs]))
     mean_out = float(np.mean([r.out_len for r in reqs]))
     per_s = 0.0
     for i in range(cfg.nodes):
         p = PROFILES[cfg.profiles[i % len(cfg.profiles)]]
-        decode = mean_out * (p.decode_base_s + 32 * p.decode_per_seq_s) / 32
-        per_s += 1.0 / (mean_tokens * p.prefill_s_per_token + decode)
+        decode = mean_out * p.decode_step_s(32, mean_tokens + mean_out / 2) / 32
+        per_s += 1.0 / (p.prefill_s(int(mean_tokens)) + decode)
     return per_s
 
 
-def run_grid(node_counts, workloads, load_factors, n_requests, policies, seed=1, log=print):
-    results: list[RunResult] = []
+@dataclass(frozen=True)
+class Grid:
+    workloads: tuple[str, ...]
+    node_counts: tuple[int, ...]
+    seeds: tuple[int, ...]
+    loads: tuple[float, ...]
+    policies: tuple[str, ...] = POLICIES
+    profiles: tuple[str, ...] = GPU_PAIR
+    sim_seconds: float = 90.0  # requests per run: the load's rate times this...
+    min_requests: int = 300  # ...but at least this many
+    max_requests: int = 6000  # ...and at most this many
+    routing: RoutingParams = ROUTING
+
+    def groups(self) -> list[tuple[str, int, int, float]]:
+        return [(w, n, s, f) for w in self.workloads for n in self.node_counts
+                for s in self.seeds for f in self.loads]
+
+
+FULL = Grid(workloads=tuple(WORKLOADS), node_counts=(4, 8, 16, 32), seeds=(1, 2, 3),
+            loads=(0.5, 1.0, 1.5))
+# This machine's measured engine (SmolLM2-135M on 2 CPU cores): every node alike; only the
+# workloads whose prompts fit its 8k context (ToolUse and LongDoc documents do not).
+CPU = Grid(workloads=("coding", "chat", "sysprompt", "rag"), node_counts=(4, 8), seeds=(1, 2, 3),
+           loads=(0.5, 1.0, 1.5), profiles=("cpu-smollm2",))
+QUICK = Grid(workloads=("tooluse", "chat"), node_counts=(4,), seeds=(1,), loads=(1.0,),
+             sim_seconds=30.0, min_requests=150, max_requests=400)
+
+
+def ideal_bound(cfg: SimConfig, requests: list[Request], rate: float, workload: str,
+                load: float) -> RunResult:
+    """Not a router: each request alone on the fastest engine, with every block any earlier
+    request had already computed served from cache. No routing can beat its mean or p99
+    (queueing and decode batching only add), so where it is not 50 % below no forwarding,
+    that goal is out of reach for any policy."""
+    fast = max((PROFILES[p] for p in cfg.profiles), key=lambda p: (p.capacity_score, -p.floor_s))
+    seen: set[int] = set()
+    lat, ttft, hit, total = [], [], 0, 0
+    skip = int(cfg.warmup_fraction * len(requests))
+    for r in sorted(requests, key=lambda r: r.rid):
+        keys = block_keys(r.tokens, fast.block_tokens)
+        cached = 0
+        for k in keys:
+            if k not in seen:
+                break
+            cached += 1
+        cached = min(cached * fast.block_tokens, len(r.tokens) - 1)
+        seen.update(keys)
+        if r.reply is not None:
+            seen.update(block_keys(np.concatenate([r.tokens, r.reply]), fast.block_tokens))
+        if r.rid < skip:
+            continue
+        first = fast.prefill_s(len(r.tokens), cached)
+        ttft.append(first)
+        lat.append(first + (r.out_len - 1) * fast.decode_step_s(1, len(r.tokens) + r.out_len / 2))
+        hit += cached
+        total += len(r.tokens)
+    lat_a, ttft_a = np.array(lat), np.array(ttft)
+    return RunResult(workload, cfg.nodes, cfg.seed, load, "ideal", rate, len(lat),
+                     float(lat_a.mean()), float(np.percentile(lat_a, 99)), float(ttft_a.mean()),
+                     float(np.percentile(ttft_a, 99)), hit / max(1, total), 0.0, math.nan, 0.0, 0.0)
+
+
+def run_group(grid: Grid, group: tuple[str, int, int, float]) -> list[RunResult]:
+    w, nodes, seed, load = group
+    cfg = SimConfig(nodes=nodes, seed=seed, profiles=grid.profiles, routing=grid.routing)
     factory = RequestFactory(seed)
-    for nodes in node_counts:
-        cfg = SimConfig(nodes=nodes, seed=seed)
-        for w in workloads:
-            unit = nocache_capacity(w, cfg, factory)
-            for f in load_factors:
-                rate = round(unit * f, 2)
-                reqs = generate(w, rate, n_requests, seed, factory)
-                for p in policies:
-                    res = simulate(cfg, p, reqs, rate, w)
-                    results.append(res)
-                    log(f"  {nodes:2d} nodes {w:8s} rate {rate:6.2f}/s {p:12s} mean {res.mean_s:7.2f}s "
-                        f"p99 {res.mean_s and res.p99_s:7.2f}s ttft {res.ttft_mean_s:6.2f}s "
-                        f"hit {res.hit_rate:5.1%} fwd {res.forward_rate:5.1%} ({res.wall_s:.1f}s)")
+    rate = round(nocache_capacity(w, cfg, factory) * load, 3)
+    n = int(min(grid.max_requests, max(grid.min_requests, rate * grid.sim_seconds)))
+    reqs = generate(w, rate, n, seed, factory)
+    out = [simulate(cfg, p, reqs, rate, w, load) for p in grid.policies]
+    return out + [ideal_bound(cfg, reqs, rate, w, load)]
+
+
+def run_grid(grid: Grid, log=lambda s: print(s, file=sys.stderr, flush=True), jobs: int = 1,
+             done: list[RunResult] | None = None, sink=None) -> list[RunResult]:
+    """Every group of the grid not already in `done`; `sink(rows)` gets each group's rows as
+    it finishes (the CLI appends them to the CSV, so an interrupted sweep resumes)."""
+    results = list(done or [])
+    have = {(r.workload, r.nodes, r.seed, r.load) for r in results}
+    groups = [g for g in grid.groups() if g not in have]
+    t0 = time.perf_counter()
+
+    def finish(k: int, g, rows: list[RunResult]) -> None:
+        results.extend(rows)
+        if sink is not None:
+            sink(rows)
+        _log_group(log, k, len(groups), g, rows, t0)
+
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(jobs) as ex:
+            futures = [ex.submit(run_group, grid, g) for g in groups]
+            for k, (g, f) in enumerate(zip(groups, futures), 1):
+                finish(k, g, f.result())
+    else:
+        for k, g in enumerate(groups, 1):
+            finish(k, g, run_group(grid, g))
     return results
 
 
-def write_outputs(results: list[RunResult], out_dir: Path, stem: str = "routing") -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fields = list(RunResult.__dataclass_fields__)
-    with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(fields)
-        for r in results:
-            w.writerow([getattr(r, f) if not isinstance(getattr(r, f), float)
-                        else f"{getattr(r, f):.4f}" for f in fields])
-    headline = headline_figures(results)
-    lines = ["# Routing simulator results", "",
-             "Generated by `python -m sims.routing` (sims/routing.py). Serving costs are the "
-             "documented estimates of sims/routing_engine.py, not yet calibrated on a real engine.",
-             "", "## Headline (averaged over the rate grid)", "",
-             "| nodes | workload | ours vs round robin: mean | p99 | ours vs SGLang-style: mean | p99 |",
-             "|---|---|---|---|---|---|"]
-    for (nodes, w), h in sorted(headline.items()):
-        lines.append(f"| {nodes} | {w} | {h['mean_vs_rr']:+.1%} | {h['p99_vs_rr']:+.1%} | "
-                     f"{h['mean_vs_sglang']:+.1%} | {h['p99_vs_sglang']:+.1%} |")
-    lines += ["", "## Ours against the baselines, per rate", "",
-              "| nodes | workload | rate/s | vs RR mean | vs RR p99 | vs RR TTFT | vs SGLang mean "
-              "| vs SGLang p99 | hit ours / RR / SGLang / oracle |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    by = {(r.nodes, r.workload, r.rate, r.policy): r for r in results}
-    for (nodes, w, rate, pol), o in sorted(by.items()):
-        rr, sg, orc = (by.get((nodes, w, rate, b)) for b in ("round_robin", "sglang", "oracle"))
-        if pol != "ours" or rr is None or sg is None or orc is None:
-            continue
-        lines.append(f"| {nodes} | {w} | {rate:.2f} | {o.mean_s / rr.mean_s - 1:+.0%} | "
-                     f"{o.p99_s / rr.p99_s - 1:+.0%} | {o.ttft_mean_s / rr.ttft_mean_s - 1:+.0%} | "
-                     f"{o.mean_s / sg.mean_s - 1:+.0%} | {o.p99_s / sg.p99_s - 1:+.0%} | "
-                     f"{o.hit_rate:.0%} / {rr.hit_rate:.0%} / {sg.hit_rate:.0%} / {orc.hit_rate:.0%} |")
-    lines += ["", "Negative = lower latency than the baseline.", "", "## All runs", "",
-              "| nodes | workload | rate/s | policy | mean s | p99 s | TTFT mean s | TTFT p99 s "
-              "| cache hit | forwarded | tree hit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+def _log_group(log, k: int, total: int, group, res: list[RunResult], t0: float) -> None:
+    by = {r.policy: r for r in res}
+    elapsed = time.perf_counter() - t0
+    parts = " ".join(f"{p}={r.mean_s:.2f}/{r.p99_s:.1f}" for p, r in by.items())
+    w, nodes, seed, load = group
+    log(f"[{k}/{total}] {w} {nodes}n seed {seed} load {load}: mean/p99 s {parts} "
+        f"({elapsed:.0f} s elapsed, ~{elapsed / k * (total - k):.0f} s left)")
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def group_rows(results: list[RunResult]) -> list[dict]:
+    """Per group: ours (and the oracle and the ideal bound) relative to no forwarding and to
+    SGLang, as ratio - 1; which goals are met."""
+    by: dict[tuple, dict[str, RunResult]] = {}
     for r in results:
-        lines.append(f"| {r.nodes} | {r.workload} | {r.rate:.2f} | {r.policy} | {r.mean_s:.2f} | "
-                     f"{r.p99_s:.2f} | {r.ttft_mean_s:.2f} | {r.ttft_p99_s:.2f} | {r.hit_rate:.1%} | "
-                     f"{r.forward_rate:.1%} | {r.tree_hit_rate:.1%} |")
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    _plots(results, out_dir, stem)
-    return headline
+        by.setdefault((r.workload, r.nodes, r.seed, r.load), {})[r.policy] = r
+    rows = []
+    for key in sorted(by, key=lambda k: (list(WORKLOADS).index(k[0]), k[1], k[3], k[2])):
+        g = by[key]
+        if not {"ours", "no_forward", "sglang"} <= set(g):
+            continue
+        nf, sg = g["no_forward"], g["sglang"]
+        row = {"workload": key[0], "nodes": key[1], "seed": key[2], "load": key[3],
+               "rate": g["ours"].rate, "runs": g}
+        for name in ("ours", "sglang", "oracle", "ideal", "least_load"):
+            if name in g:
+                row[f"{name}_vs_nf_mean"] = g[name].mean_s / nf.mean_s - 1
+                row[f"{name}_vs_nf_p99"] = g[name].p99_s / nf.p99_s - 1
+        row["vs_nf_mean"], row["vs_nf_p99"] = row["ours_vs_nf_mean"], row["ours_vs_nf_p99"]
+        row["vs_sg_mean"] = g["ours"].mean_s / sg.mean_s - 1
+        row["vs_sg_p99"] = g["ours"].p99_s / sg.p99_s - 1
+        shared = WORKLOADS[key[0]].shared_prefixes
+        row["goal_nf"] = (not shared) or (row["vs_nf_mean"] <= -0.5 and row["vs_nf_p99"] <= -0.5)
+        row["goal_sg"] = row["vs_sg_mean"] <= 0.10 and row["vs_sg_p99"] <= 0.10
+        ideal = g.get("ideal")
+        row["nf_reachable"] = ideal is None or (ideal.mean_s <= 0.5 * nf.mean_s
+                                                and ideal.p99_s <= 0.5 * nf.p99_s)
+        rows.append(row)
+    return rows
 
 
-def load_csv(path: Path) -> list[RunResult]:
-    types = {f: t for f, t in RunResult.__annotations__.items()}
-    conv = {"str": str, "int": int, "float": float}
-    with open(path) as fh:
-        return [RunResult(**{k: conv[types[k]](v) for k, v in row.items()})
-                for row in csv.DictReader(fh)]
+def headline(results: list[RunResult]) -> dict:
+    """The figures the README quotes: per workload, over all its groups (ratio - 1)."""
+    rows = group_rows(results)
 
+    def summary(rs: list[dict]) -> dict:
+        f: dict = {"groups": len(rs), "goal_nf_met": sum(r["goal_nf"] for r in rs),
+                   "goal_nf_reachable": sum(r["nf_reachable"] for r in rs),
+                   "goal_sg_met": sum(r["goal_sg"] for r in rs)}
+        for k in ("vs_nf_mean", "vs_nf_p99", "vs_sg_mean", "vs_sg_p99"):
+            v = np.array([r[k] for r in rs])
+            f[k] = {"median": round(float(np.median(v)), 3), "best": round(float(v.min()), 3),
+                    "worst": round(float(v.max()), 3)}
+        return f
 
-def headline_figures(results: list[RunResult]) -> dict:
-    """Per (nodes, workload): relative change of ours vs round robin and vs sglang, averaged
-    over the rates (mean of per-rate ratios - 1)."""
-    out = {}
-    keys = sorted({(r.nodes, r.workload) for r in results})
-    for key in keys:
-        by = {(r.policy, r.rate): r for r in results if (r.nodes, r.workload) == key}
-        rates = sorted({rate for (_, rate) in by})
-
-        def ratio(base, attr):
-            vals = [getattr(by[("ours", x)], attr) / getattr(by[(base, x)], attr)
-                    for x in rates if ("ours", x) in by and (base, x) in by]
-            return float(np.mean(vals)) - 1 if vals else math.nan
-
-        out[key] = {"mean_vs_rr": ratio("round_robin", "mean_s"),
-                    "p99_vs_rr": ratio("round_robin", "p99_s"),
-                    "mean_vs_sglang": ratio("sglang", "mean_s"),
-                    "p99_vs_sglang": ratio("sglang", "p99_s")}
+    out: dict = {"sim": "routing", **{k: v for k, v in summary(rows).items() if not k.startswith("vs_")}}
+    out["workloads"] = {w: summary([r for r in rows if r["workload"] == w])
+                        for w in WORKLOADS if any(r["workload"] == w for r in rows)}
     return out
 
 
-def _plots(results, out_dir: Path, stem: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    metrics = [("mean_s", "mean latency (s)"), ("p99_s", "p99 latency (s)"),
-               ("ttft_mean_s", "mean TTFT (s)"), ("hit_rate", "prefix-cache hit rate")]
-    for nodes in sorted({r.nodes for r in results}):
-        for w in sorted({r.workload for r in results}):
-            rs = [r for r in results if r.nodes == nodes and r.workload == w]
-            if not rs:
-                continue
-            fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-            for ax, (attr, label) in zip(axes, metrics):
-                for p in POLICIES:
-                    pts = sorted((r.rate, getattr(r, attr)) for r in rs if r.policy == p)
-                    if pts:
-                        ax.plot(*zip(*pts), marker="o", label=p)
-                ax.set_xlabel("request rate (req/s)")
-                ax.set_ylabel(label)
-                if attr != "hit_rate":
-                    ax.set_yscale("log")
-                ax.grid(alpha=0.3)
-            axes[0].legend(fontsize=8)
-            fig.suptitle(f"{WORKLOADS[w].name}, {nodes} heterogeneous model nodes")
-            fig.tight_layout()
-            fig.savefig(out_dir / f"{stem}_{w}_{nodes}n.png", dpi=90)
-            plt.close(fig)
+FIELDS = list(RunResult.__dataclass_fields__)
+
+
+def _csv_row(r: RunResult) -> list:
+    return [f"{v:.4f}" if isinstance(v, float) else v for v in (getattr(r, f) for f in FIELDS)]
+
+
+def write_csv(results: list[RunResult], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(FIELDS)
+        w.writerows(_csv_row(r) for r in results)
+
+
+def append_csv(rows: list[RunResult], path: Path) -> None:
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="") as fh:
+        w = csv.writer(fh)
+        if new:
+            w.writerow(FIELDS)
+        w.writerows(_csv_row(r) for r in rows)
+
+
+def load_csv(path: Path) -> list[RunResult]:
+    conv = {"str": str, "int": int, "float": float}
+    types = RunResult.__annotations__
+    with open(path) as fh:
+        return [RunResult(**{k: conv[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(fh)]
+
+
+def write_outputs(results: list[RunResult], out_dir: Path, stem: str, grid: Grid) -> dict:
+    """CSV (complete, in grid order), markdown and PNG; returns the headline."""
+    order = {g: i for i, g in enumerate(grid.groups())}
+    results = sorted(results, key=lambda r: (order.get((r.workload, r.nodes, r.seed, r.load), 1e9),
+                                             (POLICIES + ("ideal",)).index(r.policy)))
+    write_csv(results, out_dir / f"{stem}.csv")
+    head = headline(results)
+    from sims import routing_report
+    routing_report.write(results, group_rows(results), head, out_dir, stem, grid)
+    return head
+
+
+GRIDS = {"gpu": FULL, "cpu": CPU, "quick": QUICK}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small run (tests): 8 nodes, 2 rates")
+    ap.add_argument("--grid", choices=tuple(GRIDS), default="gpu",
+                    help="gpu: H100/A100 groups (default); cpu: this machine's measured engine; "
+                         "quick: a small run for tests")
+    ap.add_argument("--quick", action="store_true", help="same as --grid quick")
     ap.add_argument("--out", default="results/sims", help="output folder")
-    ap.add_argument("--requests", type=int, default=None, help="requests per run")
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--replot", action="store_true", help="re-render md/PNG from the CSV only")
+    ap.add_argument("--fresh", action="store_true", help="ignore groups already in the CSV")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (results do not change)")
+    ap.add_argument("--workloads", default=None, help="comma-separated subset (this run only)")
+    ap.add_argument("--nodes", default=None, help="comma-separated node counts (this run only)")
     args = ap.parse_args(argv)
+    name = "quick" if args.quick else args.grid
+    grid = GRIDS[name]
+    stem = {"gpu": "routing", "cpu": "routing_cpu", "quick": "routing_quick"}[name]
+    out = Path(args.out)
+    csv_path = out / f"{stem}.csv"
     t0 = time.perf_counter()
-    if args.replot:
-        stem = "routing_quick" if args.quick else "routing"
-        write_outputs(load_csv(Path(args.out) / f"{stem}.csv"), Path(args.out), stem)
-        return 0
-    if args.quick:
-        grid = dict(node_counts=(8,), workloads=("tooluse", "mixed"), load_factors=(0.75, 1.5),
-                    n_requests=args.requests or 300, policies=POLICIES)
-        stem = "routing_quick"
-    else:
-        grid = dict(node_counts=(8, 16), workloads=tuple(WORKLOADS), load_factors=(0.5, 0.75, 1.0, 1.5),
-                    n_requests=args.requests or 800, policies=POLICIES)
-        stem = "routing"
-    print(f"routing sim: {grid}", flush=True)
-    results = run_grid(seed=args.seed, log=lambda s: print(s, flush=True), **grid)
-    headline = write_outputs(results, Path(args.out), stem)
-    for (nodes, w), h in sorted(headline.items()):
-        print(f"{nodes:2d} nodes {w:8s} ours vs RR: mean {h['mean_vs_rr']:+.1%} p99 {h['p99_vs_rr']:+.1%}"
-              f" | vs SGLang: mean {h['mean_vs_sglang']:+.1%} p99 {h['p99_vs_sglang']:+.1%}")
-    print(f"wrote {args.out}/{stem}.md, .csv, PNGs in {time.perf_counter() - t0:.0f} s")
+    done = [] if args.fresh or not csv_path.exists() else load_csv(csv_path)
+    if args.fresh and csv_path.exists():
+        csv_path.unlink()
+    if not args.replot:
+        run = grid
+        if args.workloads:
+            run = replace(run, workloads=tuple(args.workloads.split(",")))
+        if args.nodes:
+            run = replace(run, node_counts=tuple(int(x) for x in args.nodes.split(",")))
+        todo = len([g for g in run.groups() if g not in {(r.workload, r.nodes, r.seed, r.load) for r in done}])
+        print(f"routing sim ({name}): {todo} of {len(run.groups())} groups to run, "
+              f"{len(run.policies)} policies each", file=sys.stderr, flush=True)
+        done = run_grid(run, jobs=args.jobs, done=done, sink=lambda rows: append_csv(rows, csv_path))
+    wanted = set(grid.groups())
+    complete = [r for r in done if (r.workload, r.nodes, r.seed, r.load) in wanted]
+    head = write_outputs(complete, out, stem, grid)
+    print(f"wrote {out}/{stem}.md, .csv, PNG in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(json.dumps(head), flush=True)
     return 0
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gentorrent.config import ROUTING
-from gentorrent.routing.hrtree import NodeTable, SearchResult
+from gentorrent.routing.hrtree import HomeKeys, NodeTable, SearchResult
 from gentorrent.routing.policy import Reason, choose_node
 
 PARAMS = replace(ROUTING, load_threshold=2.0, forward_margin=0.0)
@@ -41,12 +41,74 @@ def test_miss_prefers_local_node_on_ties_and_serves_locally():
     assert (d.node_id, d.reason, d.forward) == ("me", Reason.LEAST_LOADED, False)
 
 
-def test_forwarded_request_is_never_forwarded_again():
-    t = table({"me": (50, 1), "a": (0, 10)})
-    d = choose_node("me", SearchResult(("a",), 9), t, hops=1, now=100, params=PARAMS)
+def test_forwarded_request_is_served_unless_overloaded_and_never_hops_thrice():
+    t = table({"me": (2, 1), "a": (0, 10)})  # me 2.0: within overload_margin (1.0)? no
+    params = replace(PARAMS, overload_margin=3.0)
+    d = choose_node("me", SearchResult(("a",), 9), t, hops=1, now=100, params=params)
     assert (d.node_id, d.reason, d.forward) == ("me", Reason.ALREADY_FORWARDED, False)
+    t.update("me", active=50, capacity=1, now=100)  # our own fresh load: far above a's
+    d = choose_node("me", SearchResult(("a",), 9), t, hops=1, now=100, params=params)
+    assert (d.node_id, d.reason, d.forward) == ("a", Reason.TREE_MATCH, True)
+    d = choose_node("me", SearchResult(("me",), 9), t, hops=1, now=100, params=params)
+    assert d.node_id == "a" and d.forward  # never back to ourselves
+    d = choose_node("me", SearchResult(("a",), 9), t, hops=params.max_hops, now=100, params=params)
+    assert (d.node_id, d.reason, d.forward) == ("me", Reason.ALREADY_FORWARDED, False)
+    alone = table({"me": (50, 1)})
+    d = choose_node("me", SearchResult((), 0), alone, hops=1, now=100, params=params)
+    assert (d.node_id, d.forward) == ("me", False)
     with pytest.raises(ValueError):
         choose_node("me", SearchResult((), 0), t, hops=-1, now=100, params=PARAMS)
+
+
+def test_a_miss_goes_to_the_same_home_from_every_entry_node():
+    """Rendezvous homes: entry nodes with different (stale) load views agree on where a new
+    prefix goes, as long as the home is under the threshold."""
+    names = [f"n{i}" for i in range(8)]
+    homes = HomeKeys(b"prefix-1", b"prefix-0")
+    chosen = set()
+    for entry in names:
+        t = table({n: ((i * 7 + len(entry)) % 2, 1 + i % 3) for i, n in enumerate(names)})
+        d = choose_node(entry, SearchResult((), 1), t, hops=0, now=100, params=PARAMS, homes=homes)
+        assert d.reason is Reason.HOME
+        chosen.add(d.node_id)
+    assert len(chosen) == 1
+    # without home keys (the paper's branch) every entry node keeps its own miss
+    t = table({n: (0, 1) for n in names})
+    spread = {choose_node(e, SearchResult((), 1), t, hops=0, now=100, params=PARAMS).node_id
+              for e in names}
+    assert len(spread) == len(names)
+    # the home over the threshold: the next member in the same order, for everyone
+    home = chosen.pop()
+    t = table({n: (9 if n == home else 0, 1) for n in names})
+    second = {choose_node(e, SearchResult((), 1), t, hops=0, now=100, params=PARAMS,
+                          homes=homes).node_id for e in names}
+    assert len(second) == 1 and home not in second
+
+
+def test_a_match_most_members_hold_is_homed_among_them_and_a_rare_one_is_not():
+    names = [f"n{i}" for i in range(6)]
+    t = table({n: (0, 1) for n in names})
+    everyone = SearchResult(tuple(names[:4]), 3)  # 4 of 6 hold, e.g., a system prompt
+    picks = {choose_node(e, everyone, t, hops=0, now=100, params=PARAMS,
+                         homes=HomeKeys(b"sys+tool-7", b"sys")).node_id for e in names}
+    assert len(picks) == 1 and picks <= set(names[:4])
+    rare = SearchResult(("n5",), 3)
+    d = choose_node("n0", rare, t, hops=0, now=100, params=replace(PARAMS, forward_margin=-1),
+                    homes=HomeKeys(b"x", b"y"))
+    assert (d.node_id, d.reason) == ("n5", Reason.TREE_MATCH)
+    # every holder busy: the overflow goes to the matched prefix's home, the same for all
+    t = table({n: (9 if n in names[:4] else 0, 1) for n in names})
+    over = {choose_node(e, everyone, t, hops=0, now=100, params=PARAMS,
+                        homes=HomeKeys(b"sys+tool-7", b"sys")).node_id for e in names}
+    assert len(over) == 1 and over <= set(names[4:])
+
+
+def test_rendezvous_shares_follow_capacity():
+    t = table({"big": (0, 10), "small": (0, 2)})
+    wins = [choose_node("big", SearchResult((), 1), t, hops=0, now=100, params=PARAMS,
+                        homes=HomeKeys(i.to_bytes(4, "big"), None)).node_id for i in range(3000)]
+    share = wins.count("big") / len(wins)
+    assert 0.78 < share < 0.88  # 10 / 12 = 0.83
 
 
 def test_silent_peers_and_unknown_candidates_are_skipped():

@@ -55,6 +55,7 @@ class RoutingCounters:
     tree_hits: int = 0  # of those, a search with candidates (depth >= tau_c)
     forwarded: int = 0  # of those, sent to a peer
     served_for_peers: int = 0  # hops > 0: served here for a peer
+    passed_on: int = 0  # hops > 0, but this node was overloaded: sent on to another peer
     fallbacks: int = 0  # a forward that failed before its first chunk, served here instead
     decisions: dict[str, int] = field(default_factory=dict)  # by Reason and forward/local
 
@@ -83,19 +84,21 @@ class GroupRouting:
         if hops == 0:
             self.sentry.observe(tokens)
         self._update_local(load, now)
-        match = self.trees.search(tokens, now)
+        match, homes = self.trees.search_with_homes(tokens, now)
         decision = choose_node(self.local_id, match, self.table, hops=hops, now=now,
-                               params=self.params)
+                               params=self.params, homes=homes if self.params.homes else None)
         c = self.counters
         if hops == 0:
             c.requests += 1
             c.tree_hits += bool(match.candidates)
+            c.forwarded += decision.forward
+        elif decision.forward:
+            c.passed_on += 1
         else:
             c.served_for_peers += 1
         key = f"{decision.reason.value}:{'forward' if decision.forward else 'local'}"
         c.decisions[key] = c.decisions.get(key, 0) + 1
         if decision.forward:
-            c.forwarded += 1
             self.table.note_forwarded(decision.node_id)
         self.trees.insert(tokens, decision.node_id, now)
         return decision
@@ -187,7 +190,8 @@ class GroupRouting:
         st = self.trees.stats()
         return {
             "requests": c.requests, "forwarded": c.forwarded, "tree_hits": c.tree_hits,
-            "served_for_peers": c.served_for_peers, "fallbacks": c.fallbacks,
+            "served_for_peers": c.served_for_peers, "passed_on": c.passed_on,
+            "fallbacks": c.fallbacks,
             "forward_rate": round(c.forwarded / c.requests, 4) if c.requests else 0.0,
             "tree_hit_rate": round(c.tree_hits / c.requests, 4) if c.requests else 0.0,
             "decisions": dict(c.decisions),

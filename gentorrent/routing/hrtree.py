@@ -35,6 +35,7 @@ Memory. At most `group_split_size` origins, each at most `max_subtree_nodes` tre
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import struct
 from collections import OrderedDict
@@ -65,6 +66,19 @@ class MergeOutcome(enum.Enum):
     OTHER_LAYOUT = "other_layout"  # built under another chunk layout (Sentry epoch)
     SELF = "self"  # our own subtree comes back: ours is authoritative
     GROUP_FULL = "group_full"  # a new origin while group_split_size origins are known
+
+
+class HomeKeys(NamedTuple):
+    """`HRTree.home_keys`: 8-byte names of two prefixes of a prompt (None: too short)."""
+
+    next: bytes | None  # the matched prefix plus the next chunk
+    matched: bytes | None  # the matched prefix
+
+
+def _prefix_key(hashes: np.ndarray, k: int) -> bytes:
+    k = min(len(hashes), k)
+    return hashlib.blake2b(np.asarray(hashes[:k], dtype=">u2").tobytes(), digest_size=8,
+                           person=b"gt-home").digest()
 
 
 class SearchResult(NamedTuple):
@@ -195,6 +209,7 @@ class HRTree:
         self._origin_for_insert(local_id).version = version_base
         if params.max_subtree_nodes >= 2**16:
             raise ValueError("max_subtree_nodes must fit the delta's 16-bit parent index")
+        self._chunk_table: np.ndarray | None = None
         self._record_dtype = np.dtype([("parent", ">u2"),
                                        ("hash", "u1" if params.hash_bits <= 8 else ">u2")])
 
@@ -205,6 +220,20 @@ class HRTree:
 
     def search(self, token_ids, tau_c: int | None = None) -> SearchResult:
         return self.search_hashes(self.chunk_hashes(token_ids), tau_c)
+
+    def home_keys(self, hashes: np.ndarray, depth: int) -> "HomeKeys":
+        """The keys a request is homed by (policy.py), from `chunk_hashes(prompt)` and the
+        matched `depth`: `next`, its first max(tau_c, depth + 1) chunks -- the matched prefix
+        and the first chunk after it -- and `matched`, its first max(tau_c, depth) chunks.
+        None for a prompt shorter than tau_c chunks.
+
+        A node that has seen less of a prefix family matches it less deeply, so it keys a
+        request by a shorter prefix -- the one the family's first request was keyed by: every
+        entry node sends a new family to the same member before gossip tells who holds it."""
+        tau = self.params.match_depth_threshold
+        if len(hashes) < tau:
+            return HomeKeys(None, None)
+        return HomeKeys(_prefix_key(hashes, max(tau, depth + 1)), _prefix_key(hashes, max(tau, depth)))
 
     def search_hashes(self, hashes: Iterable[int], tau_c: int | None = None) -> SearchResult:
         """Walk from the root while a child matches the next chunk hash (Algorithm 1).
@@ -379,7 +408,8 @@ class HRTree:
 
     def merge_delta(self, data: bytes, now: float = 0.0) -> MergeOutcome:
         """Merge a peer's delta: replace its subtree if the delta is newer. Order-independent."""
-        origin_id, epoch, digest, version, unchanged, records = self._parse_delta(data)
+        parsed = self._parse_delta(data)
+        origin_id, epoch, digest, version, unchanged = parsed[:5]
         if (epoch, digest) != self.layout.layout_id:
             return MergeOutcome.OTHER_LAYOUT
         if origin_id == self.local_id:
@@ -391,10 +421,10 @@ class HRTree:
             return MergeOutcome.STALE
         if known is None and len(self._origins) >= self.params.group_split_size:
             return MergeOutcome.GROUP_FULL
-        self._replace_subtree(origin_id, version, records, now)
+        self._replace_subtree(origin_id, version, parsed, now)
         return MergeOutcome.APPLIED
 
-    def _replace_subtree(self, origin_id: str, version: int, records: np.ndarray,
+    def _replace_subtree(self, origin_id: str, version: int, parsed: "_ParsedDelta",
                          now: float) -> None:
         """Make the origin hold exactly the delta's nodes, reusing tree nodes already there."""
         old = self._origins.get(origin_id)
@@ -402,83 +432,43 @@ class HRTree:
         origin.version = version
         origin.updated_at = now
         placed: list[_TreeNode] = []
-        chunk = self.layout.chunk_length_at
-        for parent_plus_one, h in zip(records["parent"].tolist(), records["hash"].tolist()):
-            parent = placed[parent_plus_one - 1] if parent_plus_one else self._root
+        root, add = self._root, placed.append
+        for parent_plus_one, h in zip(parsed.parents, parsed.hashes):
+            parent = placed[parent_plus_one - 1] if parent_plus_one else root
             child = parent.children.get(h)
             if child is None:
                 child = _TreeNode(h, parent, parent.depth + 1)
                 parent.children[h] = child
                 self._tree_nodes += 1
             child.holders.add(origin_id)
-            origin.tokens += chunk(child.depth)
-            placed.append(child)
-        for node in reversed(placed):  # leaves before ancestors in LRU order
-            origin.lru[node] = None
+            add(child)
+        if len(parsed.depths):
+            origin.tokens = int(self._chunk_lengths()[parsed.depths].sum())
+        origin.lru = OrderedDict.fromkeys(reversed(placed))  # leaves before ancestors
         self._origins[origin_id] = origin
         if old is not None:
+            keep = origin.lru
             for node in old.lru:
-                if node not in origin.lru:
+                if node not in keep:
                     self._drop_holder(node, origin_id)
 
-    def _parse_delta(self, data: bytes):
-        """Decode and fully validate a delta; no side effects."""
+    def _chunk_lengths(self) -> np.ndarray:
+        """Tokens of the chunk at each depth 0..max_depth (index 0 unused)."""
+        if self._chunk_table is None:
+            self._chunk_table = np.array(
+                [0] + [self.layout.chunk_length_at(d) for d in range(1, self.layout.max_depth + 1)],
+                dtype=np.int64)
+        return self._chunk_table
+
+    def _parse_delta(self, data: bytes) -> "_ParsedDelta":
+        """Decode and fully validate a delta; no side effects. Parsing is memoised across
+        trees (a model node checks each delta before it merges it; a simulator merges one
+        delta into many trees): equal bytes under equal bounds parse to the same result."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DeltaError("delta must be bytes")
-        data = bytes(data)
-        if len(data) < _HEADER.size + 1 + _TRAILER.size:
-            raise DeltaError("delta too short")
-        magic, fmt, flags, bits, id_len = _HEADER.unpack_from(data, 0)
-        if magic != _DELTA_MAGIC or fmt != _DELTA_FORMAT:
-            raise DeltaError("not an HR-tree delta of a known format")
-        if flags & ~_FLAG_UNCHANGED:
-            raise DeltaError("unknown delta flags")
-        if bits != self.params.hash_bits:
-            raise DeltaError(f"delta uses {bits}-bit hashes, we use {self.params.hash_bits}")
-        if not 1 <= id_len <= self.params.max_node_id_bytes:
-            raise DeltaError("bad origin id length")
-        pos = _HEADER.size
-        if len(data) < pos + id_len + _TRAILER.size:
-            raise DeltaError("delta truncated")
-        try:
-            origin_id = data[pos:pos + id_len].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DeltaError("origin id is not UTF-8") from exc
-        pos += id_len
-        epoch, digest, version, count = _TRAILER.unpack_from(data, pos)
-        pos += _TRAILER.size
-        if flags & _FLAG_UNCHANGED:
-            if count != 0 or pos != len(data):
-                raise DeltaError("an unchanged delta carries no tree nodes")
-            return origin_id, epoch, digest, version, True, None
-        if count > self.params.max_subtree_nodes:
-            raise DeltaError(f"{count} tree nodes exceeds max_subtree_nodes")
-        if version == 0:
-            raise DeltaError("a subtree delta has version >= 1")
-        if len(data) - pos != count * self._record_dtype.itemsize:
-            raise DeltaError("delta body size does not match its node count")
-        records = np.frombuffer(data, dtype=self._record_dtype, count=count, offset=pos)
-        self._check_records(records)
-        return origin_id, epoch, digest, version, False, records
-
-    def _check_records(self, records: np.ndarray) -> None:
-        """Vectorised structure checks: a forest in preorder, unique siblings, bounded depth."""
-        n = len(records)
-        if n == 0:
-            return
-        parent = records["parent"].astype(np.int64) - 1  # -1 is the root
-        hashes = records["hash"].astype(np.int64)
-        if int(hashes.max()) >= 1 << self.params.hash_bits:
-            raise DeltaError("hash value wider than hash_bits")
-        if bool(np.any(parent >= np.arange(n))):
-            raise DeltaError("a tree node's parent does not precede it")
-        if len(np.unique((parent + 1) * 65536 + hashes)) != n:
-            raise DeltaError("two siblings with the same hash")
-        depth = [0] * n  # parents precede children, so one pass computes every depth
-        for i, p in enumerate(parent.tolist()):
-            depth[i] = depth[p] + 1 if p >= 0 else 1
-        if max(depth) > self.layout.max_depth:
-            raise DeltaError("delta subtree deeper than max_tree_depth")
+        p = self.params
+        return _parse_delta(bytes(data), p.hash_bits, p.max_node_id_bytes, p.max_subtree_nodes,
+                            self.layout.max_depth)
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -514,6 +504,81 @@ class HRTree:
                 n = n.parent
             out.add(tuple(reversed(path)))
         return out
+
+
+class _ParsedDelta(NamedTuple):
+    origin_id: str
+    epoch: int
+    digest: bytes
+    version: int
+    unchanged: bool
+    parents: tuple[int, ...]  # per record in preorder: parent's index + 1 (0: the root)
+    hashes: tuple[int, ...]
+    depths: np.ndarray  # per record, 1 for the root's children
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_delta(data: bytes, hash_bits: int, max_id_bytes: int, max_nodes: int,
+                 max_depth: int) -> _ParsedDelta:
+    """`HRTree._parse_delta`: decode and validate, or raise DeltaError."""
+    if len(data) < _HEADER.size + 1 + _TRAILER.size:
+        raise DeltaError("delta too short")
+    magic, fmt, flags, bits, id_len = _HEADER.unpack_from(data, 0)
+    if magic != _DELTA_MAGIC or fmt != _DELTA_FORMAT:
+        raise DeltaError("not an HR-tree delta of a known format")
+    if flags & ~_FLAG_UNCHANGED:
+        raise DeltaError("unknown delta flags")
+    if bits != hash_bits:
+        raise DeltaError(f"delta uses {bits}-bit hashes, we use {hash_bits}")
+    if not 1 <= id_len <= max_id_bytes:
+        raise DeltaError("bad origin id length")
+    pos = _HEADER.size
+    if len(data) < pos + id_len + _TRAILER.size:
+        raise DeltaError("delta truncated")
+    try:
+        origin_id = data[pos:pos + id_len].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DeltaError("origin id is not UTF-8") from exc
+    pos += id_len
+    epoch, digest, version, count = _TRAILER.unpack_from(data, pos)
+    pos += _TRAILER.size
+    if flags & _FLAG_UNCHANGED:
+        if count != 0 or pos != len(data):
+            raise DeltaError("an unchanged delta carries no tree nodes")
+        return _ParsedDelta(origin_id, epoch, digest, version, True, (), (), np.zeros(0, np.int64))
+    if count > max_nodes:
+        raise DeltaError(f"{count} tree nodes exceeds max_subtree_nodes")
+    if version == 0:
+        raise DeltaError("a subtree delta has version >= 1")
+    dtype = np.dtype([("parent", ">u2"), ("hash", "u1" if hash_bits <= 8 else ">u2")])
+    if len(data) - pos != count * dtype.itemsize:
+        raise DeltaError("delta body size does not match its node count")
+    records = np.frombuffer(data, dtype=dtype, count=count, offset=pos)
+    depths = _check_records(records, hash_bits, max_depth)
+    return _ParsedDelta(origin_id, epoch, digest, version, False,
+                        tuple(records["parent"].tolist()), tuple(records["hash"].tolist()), depths)
+
+
+def _check_records(records: np.ndarray, hash_bits: int, max_depth: int) -> np.ndarray:
+    """Vectorised structure checks (a forest in preorder, unique siblings, bounded depth);
+    returns every record's depth."""
+    n = len(records)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    parent = records["parent"].astype(np.int64) - 1  # -1 is the root
+    hashes = records["hash"].astype(np.int64)
+    if int(hashes.max()) >= 1 << hash_bits:
+        raise DeltaError("hash value wider than hash_bits")
+    if bool(np.any(parent >= np.arange(n))):
+        raise DeltaError("a tree node's parent does not precede it")
+    if len(np.unique((parent + 1) * 65536 + hashes)) != n:
+        raise DeltaError("two siblings with the same hash")
+    depth = [0] * n  # parents precede children, so one pass computes every depth
+    for i, p in enumerate(parent.tolist()):
+        depth[i] = depth[p] + 1 if p >= 0 else 1
+    if max(depth) > max_depth:
+        raise DeltaError("delta subtree deeper than max_tree_depth")
+    return np.array(depth, dtype=np.int64)
 
 
 class LayoutSwitchingTree:
@@ -554,6 +619,13 @@ class LayoutSwitchingTree:
 
     def search(self, token_ids, now: float, tau_c: int | None = None) -> SearchResult:
         return self.lookup_tree(now).search(token_ids, tau_c)
+
+    def search_with_homes(self, token_ids, now: float) -> tuple[SearchResult, HomeKeys]:
+        """`search` and the `home_keys` of the same lookup tree (one layout for both)."""
+        tree = self.lookup_tree(now)
+        hashes = tree.chunk_hashes(token_ids)
+        match = tree.search_hashes(hashes)
+        return match, tree.home_keys(hashes, match.depth)
 
     def insert(self, token_ids, node_id: str, now: float) -> int:
         if self.previous is not None:
