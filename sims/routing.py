@@ -258,7 +258,8 @@ class OursPolicy(Policy):
             self.tables[j].update(self.ids[i], active=me.active,
                                   capacity=me.profile.capacity_score, now=now)
             self.sentries[j].merge_stats(self.sentries[i].export_stats())
-            if self.sentries[j].merge_layout(self.sentries[i].export_layout()) is not None:
+            if self.sentries[j].merge_layout(self.sentries[i].export_layout(), self.ids[i],
+                                             self.ids, now) is not None:
                 self._switch(j, now)
         if self.sentries[i].tick(self.ids, now) is not None:
             self._switch(i, now)

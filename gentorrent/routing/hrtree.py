@@ -67,6 +67,18 @@ class MergeOutcome(enum.Enum):
     GROUP_FULL = "group_full"  # a new origin while group_split_size origins are known
 
 
+class DeltaHeader(NamedTuple):
+    """What a delta says about itself: whose subtree, under which layout, at which version.
+
+    A gossip receiver checks these against the message's signer before merging anything
+    (ARCHITECTURE.md §3.4: a member speaks only for its own subtree)."""
+
+    origin: str
+    layout_id: tuple[int, bytes]
+    version: int
+    unchanged: bool
+
+
 class SearchResult(NamedTuple):
     """Algorithm 1's answer: the origins holding the deepest matched prefix, and its depth.
 
@@ -372,10 +384,12 @@ class HRTree:
         return (head + _TRAILER.pack(self.layout.epoch, self.layout.digest, version,
                                      len(parents)) + records.tobytes())
 
-    def check_delta(self, data: bytes) -> None:
-        """Raise DeltaError unless `data` is a well-formed delta; changes nothing. Lets a caller
-        validate a whole gossip message before merging any part of it."""
-        self._parse_delta(data)
+    def check_delta(self, data: bytes) -> DeltaHeader:
+        """Raise DeltaError unless `data` is a well-formed delta, else return its header;
+        changes nothing. Lets a caller validate a whole gossip message (and bind the delta to
+        its signer) before merging any part of it."""
+        origin_id, epoch, digest, version, unchanged, _ = self._parse_delta(data)
+        return DeltaHeader(origin_id, (epoch, digest), version, unchanged)
 
     def merge_delta(self, data: bytes, now: float = 0.0) -> MergeOutcome:
         """Merge a peer's delta: replace its subtree if the delta is newer. Order-independent."""
