@@ -180,6 +180,11 @@ def _epoch(mode: str, what: str) -> Scenario:
                     shared("epoch_faults", mode=mode))
 
 
+def _group_attack(mode: str, what: str) -> Scenario:
+    return Scenario(f"adversary-group-{mode}", f"{what}; a trusted insider among 3 members (real gossip servers)",
+                    shared("group_adversary", mode=mode))
+
+
 #: THE registry: every scenario the table reports, in this order (see the module docstring).
 SCENARIOS: list[Scenario] = [
     Scenario("link-blackhole", "gRPC/TLS link blackholed, then healed (fault proxy)", link_blackhole),
@@ -217,6 +222,13 @@ SCENARIOS: list[Scenario] = [
     _epoch("leader-forge", "every leader posts a reply of its own under the honest node's name"),
     _epoch("node-down", "a model node stops answering challenges"),
     _epoch("node-cheat", "a model node answers with implausible tokens"),
+    # adversary: a group member attacks its model group (figures: attacker's success, cache affinity kept)
+    _group_attack("subtree-forge", "gossip rewrites other members' subtrees at version 2^64-1"),
+    _group_attack("stats-forge", "Sentry statistics in other members' names, and its own, naming a fake prefix"),
+    _group_attack("layout-pin", "advertises a layout of the last epoch that no prompt fills"),
+    _group_attack("origin-flood", "fills the group's 50 origin slots with made-up origins as a member joins"),
+    _group_attack("capacity-lie", "claims capacity 10 (registered: 1)"),
+    _group_attack("claim-and-lie", "NOT DEFENDED: claims every subtree it hears and an idle engine"),
 ]
 
 

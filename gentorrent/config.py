@@ -118,6 +118,7 @@ class RoutingParams:
     sentry_max_prefix_tokens: int = 8192  # longest system prompt the Sentry can detect
     sentry_min_prefix_tokens: int = 64  # shorter common prefixes are not system prompts
     sentry_min_support: float = 0.05  # share of sampled requests a prefix needs, group-wide
+    sentry_min_reporters: int = 2  # members whose statistics must report a prefix (one alone cannot)
     sentry_max_prompts: int = 8  # at most this many system-prompt lengths in L
     sentry_max_entries: int = 32  # prefix statistics one node exports per epoch
     sentry_seal_timeout_s: float = 15.0  # compute L without silent members' stats after this
@@ -125,6 +126,8 @@ class RoutingParams:
     # gossip and forwarding shells (routing/gossip.py, model_node/forwarding.py)
     gossip_rpc_timeout_s: float = 3.0  # one Gossip call to one peer
     gossip_max_skew_s: float = 120.0  # refuse gossip stamped further than this from our clock
+    # (also how far a subtree version, a clock in ms, may run ahead of its sender's stamp)
+    gossip_min_spacing_s: float = 0.5  # a member's messages closer than this are refused unread
     directory_refresh_s: float = 10.0  # re-read the verified directory (the group roster)
     forward_timeout_s: float = 600.0  # a forwarded generation, start to final chunk
     forward_connect_timeout_s: float = 3.0  # peer unreachable this long: serve locally instead

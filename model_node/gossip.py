@@ -11,9 +11,15 @@ client-checked registry, or a static file on devnets): same model name, trusted,
 that is the hash of the registered public key. A message is merged only if its sender is such
 a member, its Ed25519 signature verifies under the registered key, its sequence number (the
 sender's clock in ms) is newer than the last one merged and within `gossip_max_skew_s` of ours,
-and every field is within its size bound. A member that leaves the roster (untrusted,
+and every field is within its size bound; a member's messages closer together than
+`gossip_min_spacing_s` are refused unread, so one member cannot make us validate and merge
+maximal deltas (up to ~0.1 s of CPU each) as fast as it can sign them. The content is then
+bound to that sender by `GroupRouting.merge_peer`: its own subtree and Sentry statistics only,
+a version no further ahead of its clock than the skew allowed, a layout that counts as one
+vote, and its registered capacity (not the one it claims) in the node table
+(ARCHITECTURE.md §3.4, THREAT_MODEL.md "Model groups"). A member that leaves the roster (untrusted,
 deregistered, other model) or is silent for `peer_silence_s` is dropped from the tree and the
-node table (`GroupRouting.tick`).
+node table (`GroupRouting.tick`). Whatever fails in a round's `tick`, the round still gossips.
 
 The protocol state lives in `GroupRouting` (pure); this module does the I/O, the clocks and the
 signatures.
@@ -118,10 +124,11 @@ class GroupGossip:
         self.roster: dict[str, ModelRecord] = {}
         self._holds: dict[str, int] = {}  # what each peer last said it holds of our subtree
         self._last_seq: dict[str, int] = {}  # newest sequence merged per peer
+        self._read_at: dict[str, float] = {}  # when we last read (validated) a peer's message
         self._last_sent_seq = 0
         self._refreshed_at = float("-inf")
         self._task: asyncio.Task | None = None
-        self.sent = self.send_failures = self.received = 0
+        self.sent = self.send_failures = self.received = self.tick_errors = 0
         self.rejected: dict[str, int] = {}
         self.dropped: list[str] = []
 
@@ -138,6 +145,10 @@ class GroupGossip:
             log.warning("group roster not refreshed: %s", exc)
             return
         self.roster = group_roster(self.directory.models(), self.model, self.local_id)
+
+    def capacities(self) -> dict[str, int]:
+        """The roster as the routing core takes it: member id -> registered capacity score."""
+        return {node_id: record.capacity for node_id, record in self.roster.items()}
 
     # -- sending --------------------------------------------------------------------------
 
@@ -182,10 +193,16 @@ class GroupGossip:
     async def round(self) -> None:
         """Refresh the roster, drop members that left or fell silent, gossip to the rest."""
         await self.refresh_roster()
-        dropped = self.group.tick(set(self.roster), self.clock())
+        try:
+            dropped = self.group.tick(self.capacities(), self.clock())
+        except Exception:  # one bad input must not stop this node's gossip (nor the round)
+            self.tick_errors += 1
+            log.exception("group tick failed; gossiping anyway")
+            dropped = []
         for node_id in dropped:
             self._holds.pop(node_id, None)
             self._last_seq.pop(node_id, None)
+            self._read_at.pop(node_id, None)
         self.dropped.extend(dropped)
         del self.dropped[:-64]
         peers = list(self.roster.values())
@@ -203,8 +220,9 @@ class GroupGossip:
             peer = self.roster.get(sender)
         reason = self._check(msg, peer)
         if reason is None:
+            self._read_at[sender] = self.clock()  # authentic: it counts against its rate
             try:
-                self.group.merge_peer(self._report(msg), self.clock())
+                self.group.merge_peer(self._report(msg), self.clock(), self.capacities())
             except GossipRejected as exc:
                 reason = f"rejected: {exc}"
         if reason is not None:
@@ -232,13 +250,16 @@ class GroupGossip:
             return "replay: sequence not newer than the last merged"
         if abs(msg.sequence - self.wall_ms()) > self.params.gossip_max_skew_s * 1000:
             return "stale: timestamp too far from our clock"
+        last = self._read_at.get(peer.node_id_hex)
+        if last is not None and self.clock() - last < self.params.gossip_min_spacing_s:
+            return f"too frequent: one message per {self.params.gossip_min_spacing_s} s per member"
         return None
 
     @staticmethod
     def _report(msg: pb.GossipMessage) -> PeerReport:
         ld = msg.load
         return PeerReport(
-            node_id=msg.node_id.hex(),
+            node_id=msg.node_id.hex(), sequence=msg.sequence,
             load=LocalLoad(active=ld.active, queued=ld.queued, kv_usage=ld.kv_cache_usage,
                            latency_s=msg.latency_s),
             capacity=ld.capacity, kv_capacity_tokens=msg.kv_capacity_tokens,
@@ -275,5 +296,6 @@ class GroupGossip:
     def status(self) -> dict:
         return {"peers": sorted(p[:16] for p in self.roster), "sent": self.sent,
                 "send_failures": self.send_failures, "received": self.received,
+                "tick_errors": self.tick_errors,
                 "rejected": dict(self.rejected), "dropped": len(self.dropped),
                 "interval_s": self.interval_s}

@@ -185,7 +185,7 @@ class OursPolicy(Policy):
         cfg = cluster.cfg
         self.params = cfg.routing
         self.ids = [f"m{i:02d}" for i in range(len(cluster.nodes))]
-        self.roster = set(self.ids)
+        self.roster = {m: n.profile.capacity_score for m, n in zip(self.ids, cluster.nodes)}
         self.groups = [GroupRouting(self.ids[i], n.profile.capacity_score, n.profile.kv_tokens,
                                     version_base=0, params=self.params)
                        for i, n in enumerate(cluster.nodes)]
@@ -224,9 +224,12 @@ class OursPolicy(Policy):
                 data = deltas[since] = src.outgoing_delta(since)
             self.delta_bytes += len(data)
             self.deltas += 1
-            dst.merge_peer(PeerReport(self.ids[i], load, n.profile.capacity_score,
-                                      n.profile.kv_tokens, data, stats, layout), now)
-        src.tick(self.roster, now)
+            # the roster as each member's shell passes it: the others, with registered capacity
+            roster = {m: c for m, c in self.roster.items() if m != self.ids[j]}
+            seq = max(int(now * 1000), src.holds_version(self.ids[i]))  # an honest signed clock
+            dst.merge_peer(PeerReport(self.ids[i], seq, load, n.profile.capacity_score,
+                                      n.profile.kv_tokens, data, stats, layout), now, roster)
+        src.tick({m: c for m, c in self.roster.items() if m != self.ids[i]}, now)
 
     def stats(self):
         c = [g.counters for g in self.groups]

@@ -1,100 +1,32 @@
 """Gossip among model nodes over real gRPC/TLS (pinned certificates, Ed25519 signatures).
 
 No engine is needed to gossip: each node here is a real TLS gRPC server whose ModelNode
-service answers Gossip with a real `GroupGossip`; the roster comes from a directory file.
+service answers Gossip with a real `GroupGossip` (testkit/gossip_group.py); the roster comes
+from a directory file.
 The clock is injected so that "silent for peer_silence_s" takes no wall time.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import numpy as np
 import pytest
 
-from gentorrent.config import ROUTING
-from gentorrent.crypto import tls
 from gentorrent.crypto.keys import Identity
-from model_node.gossip import GroupGossip, signed_bytes
-from gentorrent.routing.group import GroupRouting, LocalLoad
+from gentorrent.routing.group import LocalLoad
 from gentorrent.routing.policy import Reason
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.directory import StaticDirectory
-from gentorrent.ledger.sections import ModelRecord
-
-MODEL = "smollm2-135m"
-# homes off: a new prompt is served where it enters (the paper's miss branch), so each test
-# decides which node serves a new prefix; rendezvous homes are tested in test_routing_policy
-PARAMS = replace(ROUTING, directory_refresh_s=0.0, gossip_rpc_timeout_s=5.0, homes=False)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class _GossipOnly(rpc.ModelNodeServicer):
-    def __init__(self, gossip: GroupGossip) -> None:
-        self.handler = gossip
-
-    async def Gossip(self, request, context):
-        return await self.handler.gossip(request)
-
-
-class Node:
-    def __init__(self, directory_path, clock: Clock, active: int = 0, capacity: int = 2) -> None:
-        self.identity = Identity.generate()
-        self.tls = tls.make_self_signed(self.identity)
-        self.id = self.identity.node_id_hex
-        self.load = LocalLoad(active=active)
-        self.group = GroupRouting(self.id, capacity, 100_000, version_base=1, params=PARAMS)
-        self.gossip = GroupGossip(self.identity, MODEL, self.group, StaticDirectory(directory_path),
-                                  lambda: self.load, params=PARAMS, clock=clock)
-        self.server = None
-        self.address = ""
-
-    async def start(self) -> "Node":
-        self.server, port = tls.new_server(self.tls, "127.0.0.1:0")
-        rpc.add_ModelNodeServicer_to_server(_GossipOnly(self.gossip), self.server)
-        await self.server.start()
-        self.address = f"127.0.0.1:{port}"
-        return self
-
-    def record(self, trusted: bool = True, model: str = MODEL) -> ModelRecord:
-        return ModelRecord(bytes.fromhex(self.id), self.identity.public_key, self.address, model, b"\0" * 32,
-                           self.tls.cert_pem, capacity=self.group.capacity, trusted=trusted)
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            await self.server.stop(0)
-            self.server = None
-        await self.gossip.close()
-
-
-def prompt(seed: int, n: int = 600) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 49_000, n)
+from model_node.gossip import signed_bytes
+from testkit.gossip_group import PARAMS, Clock, prompt, round_all, start_group
 
 
 @pytest.fixture
 async def group(tmp_path):
     clock = Clock()
-    path = tmp_path / "directory.json"
-    nodes = [await Node(path, clock, active=i).start() for i in range(3)]
-    directory = StaticDirectory(path)
-    for n in nodes:
-        directory.add_model(n.record())
+    nodes, _, directory = await start_group(tmp_path / "directory.json", clock, insider=False)
+    for i, n in enumerate(nodes):
+        n.load = LocalLoad(active=i)
     yield nodes, directory, clock
     for n in nodes:
         await n.stop()
-
-
-async def round_all(nodes) -> None:
-    for n in nodes:
-        await n.gossip.round()
 
 
 async def test_a_prefix_served_by_one_node_is_forwarded_to_it_by_the_others(group):

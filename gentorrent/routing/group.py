@@ -7,17 +7,29 @@ needs them together, in one order, on two paths:
 - a peer's gossip arrives (`merge_peer`) or a round is due (`outgoing`, `tick`).
 Keeping that order here, with `now` passed in, lets the async shells (gossip.py and
 model_node/forwarding.py) stay thin and lets tests drive a whole group deterministically.
+
+What a member may say (ARCHITECTURE.md §3.4). The roster -- the group's members in the
+committee's certified directory, each with its registered capacity score -- is passed in by
+the shell, which has already checked the message's signature against the sender's registered
+key. `merge_peer` then binds everything in the message to that sender: its subtree delta and
+its Sentry statistics must be labelled with the sender's own id, its subtree version may not
+run ahead of its signed clock by more than `gossip_max_skew_s` (so no accepted version can
+keep the owner's later deltas out for longer than that), its layout is one vote that counts
+only when the group agrees (`Sentry.merge_layout`), and routing uses the registered
+capacity, never the one the sender claims. A member can thus only speak for itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from gentorrent.config import ROUTING, RoutingParams
-from gentorrent.routing.chunking import ChunkLayout, LayoutError
-from gentorrent.routing.hrtree import HRTree, LayoutSwitchingTree, MergeOutcome, NodeTable
+from gentorrent.routing.chunking import LayoutError
+from gentorrent.routing.hrtree import (DeltaError, HRTree, LayoutSwitchingTree, MergeOutcome,
+                                       NodeTable)
 from gentorrent.routing.policy import RouteDecision, Reason, choose_node
-from gentorrent.routing.sentry import Sentry, SentryError, StatsRecord
+from gentorrent.routing.sentry import Sentry, SentryError, StatsRecord, check_layout
 
 
 class GossipRejected(ValueError):
@@ -36,11 +48,12 @@ class LocalLoad:
 
 @dataclass(frozen=True)
 class PeerReport:
-    """The decoded content of one peer's gossip message."""
+    """The decoded content of one peer's gossip message (its signature already checked)."""
 
     node_id: str
+    sequence: int  # the sender's signed clock, ms since the epoch
     load: LocalLoad
-    capacity: int
+    capacity: int  # what the sender claims; routing uses the registered capacity instead
     kv_capacity_tokens: int
     tree_delta: bytes
     sentry_stats: bytes
@@ -57,6 +70,7 @@ class RoutingCounters:
     served_for_peers: int = 0  # hops > 0: served here for a peer
     passed_on: int = 0  # hops > 0, but this node was overloaded: sent on to another peer
     fallbacks: int = 0  # a forward that failed before its first chunk, served here instead
+    sentry_errors: int = 0  # Sentry refreshes that failed (the round went on without one)
     decisions: dict[str, int] = field(default_factory=dict)  # by Reason and forward/local
 
 
@@ -76,6 +90,7 @@ class GroupRouting:
         self.table = NodeTable(params)
         self.table.update(local_id, active=0, capacity=capacity, now=0.0)
         self.counters = RoutingCounters()
+        self.last_sentry_error = ""
 
     # -- requests -------------------------------------------------------------------------
 
@@ -124,11 +139,37 @@ class GroupRouting:
     def holds_version(self, peer_id: str) -> int:
         return self.trees.version(peer_id)
 
-    def merge_peer(self, report: PeerReport, now: float) -> MergeOutcome:
-        """Merge a verified peer's gossip. Everything is decoded and checked first, so a bad
-        message raises GossipRejected with no change of state."""
-        if report.node_id == self.local_id:
+    def merge_peer(self, report: PeerReport, now: float, roster: Mapping[str, int]) -> MergeOutcome:
+        """Merge a verified peer's gossip. `roster`: the group's members (ourselves left out)
+        with their registered capacity scores. Everything is decoded and checked first, so a
+        bad message raises GossipRejected with no change of state."""
+        self._check_report(report, roster)
+        sender = report.node_id
+        try:
+            new_layout = self.sentry.merge_layout(report.layout, sender, roster, now)
+        except SentryError as exc:  # checked above; kept so that no path merges half a message
+            raise GossipRejected(str(exc)) from exc
+        if new_layout is not None:
+            self.trees.switch(new_layout, now)
+        outcome = self.trees.merge_delta(report.tree_delta, now)
+        ld = report.load
+        self.table.update(sender, active=ld.active, queued=ld.queued, capacity=roster[sender],
+                          now=now, latency_s=ld.latency_s, kv_usage=ld.kv_usage)
+        self.trees.set_kv_capacity(sender, report.kv_capacity_tokens)
+        if report.sentry_stats:
+            self.sentry.merge_stats(report.sentry_stats)
+        return outcome
+
+    def _check_report(self, report: PeerReport, roster: Mapping[str, int]) -> None:
+        """Raise GossipRejected unless every part of the message is well-formed and speaks only
+        for its sender."""
+        sender = report.node_id
+        if sender == self.local_id:
             raise GossipRejected("gossip claims to come from this node")
+        if sender not in roster:
+            raise GossipRejected("sender is not in the group's roster")
+        if not 1 <= roster[sender] <= 10:
+            raise GossipRejected(f"registered capacity score {roster[sender]} is not 1..10")
         if not 1 <= report.capacity <= 10:
             raise GossipRejected(f"capacity score {report.capacity} is not 1..10")
         ld = report.load
@@ -137,34 +178,31 @@ class GroupRouting:
         if report.kv_capacity_tokens >= 2**40:
             raise GossipRejected("KV capacity out of range")
         try:
-            ChunkLayout.decode(report.layout)
-            if report.sentry_stats:
-                StatsRecord.decode(report.sentry_stats, self.params)
-            self.trees.current.check_delta(report.tree_delta)
-        except (LayoutError, SentryError, ValueError) as exc:
+            check_layout(report.layout, self.params)
+            stats = StatsRecord.decode(report.sentry_stats, self.params) if report.sentry_stats else None
+            delta = self.trees.current.check_delta(report.tree_delta)
+        except (LayoutError, SentryError, DeltaError) as exc:
             raise GossipRejected(str(exc)) from exc
-        if report.node_id not in self.trees.current.origins() and \
-                len(self.trees.current.origins()) >= self.params.group_split_size:
+        if stats is not None and stats.node_id != sender:
+            raise GossipRejected(f"Sentry statistics labelled {stats.node_id[:16]}, not its sender")
+        if delta.origin != sender:
+            raise GossipRejected(f"subtree delta labelled {delta.origin[:16]}, not its sender")
+        if delta.version > report.sequence + int(self.params.gossip_max_skew_s * 1000):
+            raise GossipRejected("subtree version runs ahead of its sender's clock")
+        origins = self.trees.current.origins()
+        if sender not in origins and len(origins) >= self.params.group_split_size:
             raise GossipRejected("group full (group_split_size members)")
-        try:
-            new_layout = self.sentry.merge_layout(report.layout)
-        except SentryError as exc:  # e.g. other default chunk parameters
-            raise GossipRejected(str(exc)) from exc
-        if new_layout is not None:
-            self.trees.switch(new_layout, now)
-        outcome = self.trees.merge_delta(report.tree_delta, now)
-        self.table.update(report.node_id, active=ld.active, queued=ld.queued,
-                          capacity=report.capacity, now=now, latency_s=ld.latency_s,
-                          kv_usage=ld.kv_usage)
-        self.trees.set_kv_capacity(report.node_id, report.kv_capacity_tokens)
-        if report.sentry_stats:
-            self.sentry.merge_stats(report.sentry_stats)
-        return outcome
 
-    def tick(self, roster: set[str], now: float) -> list[str]:
+    def tick(self, roster: Mapping[str, int] | set[str], now: float) -> list[str]:
         """A gossip round: Sentry refresh, and drop members that left the roster or fell
-        silent. Returns the dropped members."""
-        new_layout = self.sentry.tick(roster, now)
+        silent. Returns the dropped members. A Sentry refresh that fails is counted and
+        skipped: the rest of the round (and the gossip after it) goes on."""
+        try:
+            new_layout = self.sentry.tick(roster, now)
+        except (SentryError, LayoutError) as exc:
+            self.counters.sentry_errors += 1
+            self.last_sentry_error = str(exc)
+            new_layout = None
         if new_layout is not None:
             self.trees.switch(new_layout, now)
         horizon = now - self.params.peer_silence_s
@@ -192,6 +230,7 @@ class GroupRouting:
             "requests": c.requests, "forwarded": c.forwarded, "tree_hits": c.tree_hits,
             "served_for_peers": c.served_for_peers, "passed_on": c.passed_on,
             "fallbacks": c.fallbacks,
+            "sentry_errors": c.sentry_errors, "last_sentry_error": self.last_sentry_error,
             "forward_rate": round(c.forwarded / c.requests, 4) if c.requests else 0.0,
             "tree_hit_rate": round(c.tree_hits / c.requests, 4) if c.requests else 0.0,
             "decisions": dict(c.decisions),

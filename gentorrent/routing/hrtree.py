@@ -81,6 +81,18 @@ def _prefix_key(hashes: np.ndarray, k: int) -> bytes:
                            person=b"gt-home").digest()
 
 
+class DeltaHeader(NamedTuple):
+    """What a delta says about itself: whose subtree, under which layout, at which version.
+
+    A gossip receiver checks these against the message's signer before merging anything
+    (ARCHITECTURE.md §3.4: a member speaks only for its own subtree)."""
+
+    origin: str
+    layout_id: tuple[int, bytes]
+    version: int
+    unchanged: bool
+
+
 class SearchResult(NamedTuple):
     """Algorithm 1's answer: the origins holding the deepest matched prefix, and its depth.
 
@@ -401,10 +413,12 @@ class HRTree:
         return (head + _TRAILER.pack(self.layout.epoch, self.layout.digest, version,
                                      len(parents)) + records.tobytes())
 
-    def check_delta(self, data: bytes) -> None:
-        """Raise DeltaError unless `data` is a well-formed delta; changes nothing. Lets a caller
-        validate a whole gossip message before merging any part of it."""
-        self._parse_delta(data)
+    def check_delta(self, data: bytes) -> DeltaHeader:
+        """Raise DeltaError unless `data` is a well-formed delta, else return its header;
+        changes nothing. Lets a caller validate a whole gossip message (and bind the delta to
+        its signer) before merging any part of it."""
+        parsed = self._parse_delta(data)
+        return DeltaHeader(parsed.origin_id, (parsed.epoch, parsed.digest), parsed.version, parsed.unchanged)
 
     def merge_delta(self, data: bytes, now: float = 0.0) -> MergeOutcome:
         """Merge a peer's delta: replace its subtree if the delta is newer. Order-independent."""

@@ -22,9 +22,18 @@ Agreement (per group). L of epoch e+1 must be the same on every node, without a 
    group's members from the verified directory): computed once every roster member's sealed
    record is in, or `sentry_seal_timeout_s` after our own seal with those that are in.
    Equal inputs give equal L on every node.
-4. If inputs differed (a record missed the timeout somewhere), layouts are compared through
-   gossip (`export_layout` / `merge_layout`): a higher epoch wins, and within an epoch the
-   smaller digest wins. This is a join on (epoch, digest), so the group converges on one L.
+4. If inputs differed (a record missed the timeout somewhere), or a node joins or restarts
+   late, it learns the group's layout from the layouts members advertise (`merge_layout`,
+   one vote per member, the sender bound by the gossip signature). A node adopts a layout
+   of an epoch no older than its own only when the group agrees on it: more than half of
+   the group (roster and us) advertises it, or exactly half does and it wins the join on
+   (epoch, smaller digest). One member alone never moves a group of three or more, and
+   every advertised layout must have the shape `layout_from_records` gives (`check_layout`).
+   A strict majority is unique and nodes only move up the join, so the group converges.
+
+Everything a peer sends is bound to it by the caller (the gossip shell checks signatures;
+`GroupRouting.merge_peer` refuses statistics labelled with another node), so a member speaks
+only for its own statistics and casts one vote.
 
 Version switch. A layout is identified by (epoch, digest). The caller builds a fresh `HRTree`
 for a new layout and drops the old one: a tree never holds chunks cut by two layouts, and
@@ -50,6 +59,7 @@ _STATS_MAGIC = b"GTSS"
 _STATS_HEAD = struct.Struct(">4sBB")  # magic, sealed flag, id length
 _STATS_BODY = struct.Struct(">IIIH")  # epoch, requests, sampled, entry count
 _ENTRY = struct.Struct(">I8sI")  # length, fingerprint, count
+_MAX_EPOCH = 2**32 - 1  # a layout's epoch is a uint32 on the wire
 
 
 class SentryError(ValueError):
@@ -107,9 +117,12 @@ class StatsRecord:
             entries = []
             for i in range(n):
                 length, fp, count = _ENTRY.unpack_from(data, pos + i * _ENTRY.size)
-                if not 1 <= length <= params.sentry_max_prefix_tokens or not 2 <= count <= sampled:
+                if (not params.sentry_min_prefix_tokens <= length < params.sentry_max_prefix_tokens
+                        or not 2 <= count <= sampled):  # what common_prefixes can report
                     raise SentryError("Sentry entry out of range")
                 entries.append(PrefixStat(length, fp, count))
+            if len({(e.length, e.fingerprint) for e in entries}) != n:
+                raise SentryError("duplicate Sentry entry")
         except (struct.error, UnicodeDecodeError) as exc:
             raise SentryError(f"malformed Sentry statistics: {exc}") from exc
         return cls(node_id, epoch, requests, sampled, bool(sealed), tuple(entries))
@@ -163,19 +176,52 @@ def common_prefixes(heads: list[bytes], params: RoutingParams = ROUTING) -> list
     return stats[: params.sentry_max_entries]
 
 
+def check_layout(data: bytes, params: RoutingParams = ROUTING) -> ChunkLayout:
+    """Decode a layout a peer advertises and check that `layout_from_records` could have made it
+    (Appendix A3's shape: [s1, d, s2 - s1 - d, d, ...] with d the separator, every system-prompt
+    length s_i a detectable one, at most sentry_max_prompts of them, our default chunking).
+
+    Anything else -- a first chunk no prompt fills, a stray separator, a foreign chunk
+    length -- is refused with SentryError before it can reach a vote."""
+    try:
+        layout = ChunkLayout.decode(data)
+    except (LayoutError, struct.error) as exc:
+        raise SentryError(f"malformed chunk layout: {exc}") from exc
+    if (layout.default_length, layout.max_depth) != (params.default_chunk_length, params.max_tree_depth):
+        raise SentryError("layout uses other default chunk parameters")
+    lengths, delta = layout.lengths, params.sentry_separator_tokens
+    if len(lengths) % 2 or len(lengths) > 2 * params.sentry_max_prompts:
+        raise SentryError("layout is not a list of (system prompt, separator) pairs")
+    if any(sep != delta for sep in lengths[1::2]):
+        raise SentryError(f"layout separators are not {delta} tokens")
+    ends = np.cumsum(lengths[0::2]) + delta * np.arange(len(lengths) // 2)  # s_1 .. s_n
+    if len(ends) and (ends[0] < params.sentry_min_prefix_tokens
+                      or ends[-1] >= params.sentry_max_prefix_tokens):
+        raise SentryError("layout's system-prompt lengths are outside what the Sentry detects")
+    return layout
+
+
 def layout_from_records(epoch: int, records: Iterable[StatsRecord],
                         params: RoutingParams = ROUTING) -> ChunkLayout:
-    """L of `epoch` from the sealed records of epoch-1: the deterministic rule every node runs."""
+    """L of `epoch` from the sealed records of epoch-1: the deterministic rule every node runs.
+
+    A prefix counts only when at least `sentry_min_reporters` of the records (all of them, if
+    fewer) report it: a member's record is its own word, so one member alone -- however many
+    requests and samples it claims -- cannot put a system-prompt length into the group's L."""
     records = sorted(records, key=lambda r: r.node_id)
     total_sampled = sum(r.sampled for r in records)
     merged: dict[tuple[int, bytes], int] = {}
+    reporters: dict[tuple[int, bytes], set[str]] = {}
     for r in records:
         for e in r.entries:
-            merged[(e.length, e.fingerprint)] = merged.get((e.length, e.fingerprint), 0) + e.count
+            key = (e.length, e.fingerprint)
+            merged[key] = merged.get(key, 0) + e.count
+            reporters.setdefault(key, set()).add(r.node_id)
     need = max(2, math.ceil(params.sentry_min_support * total_sampled))
+    quorum = min(params.sentry_min_reporters, len(records))
     support: dict[int, int] = {}
-    for (length, _), count in merged.items():
-        if count >= need:
+    for (length, fp), count in merged.items():
+        if count >= need and len(reporters[(length, fp)]) >= quorum:
             support[length] = max(support.get(length, 0), count)
     ranked = sorted(support, key=lambda s: (-support[s], s))[: params.sentry_max_prompts]
     delta = params.sentry_separator_tokens
@@ -206,6 +252,8 @@ class Sentry:
         self._records: dict[tuple[str, int], StatsRecord] = {}
         self._own = StatsRecord(node_id, self.layout.epoch, 0, 0, False, ())
         self._sealed_at: float | None = None
+        self._closed: StatsRecord | None = None  # our sealed record of the epoch before this one
+        self._votes: dict[str, tuple[ChunkLayout, float]] = {}  # member -> layout it advertised, when
 
     # -- local input ----------------------------------------------------------------------
 
@@ -221,6 +269,12 @@ class Sentry:
     # -- gossip ---------------------------------------------------------------------------
 
     def export_stats(self) -> bytes:
+        """Our record of the current epoch -- or, until the new epoch has a request of ours,
+        the sealed record of the epoch we just closed, so that members still waiting for it
+        compute the same L instead of timing out (a member speaks only for its own record,
+        so nobody else can deliver it for us)."""
+        if self._closed is not None and self._own.requests == 0:
+            return self._closed.encode()
         return self._own.encode()
 
     def merge_stats(self, data: bytes) -> bool:
@@ -241,19 +295,40 @@ class Sentry:
     def export_layout(self) -> bytes:
         return self.layout.encode()
 
-    def merge_layout(self, data: bytes) -> ChunkLayout | None:
-        """A peer's active layout: adopt it if it wins (higher epoch, then smaller digest)."""
-        try:
-            other = ChunkLayout.decode(data)
-        except LayoutError as exc:
-            raise SentryError(str(exc)) from exc
-        if (other.default_length, other.max_depth) != (self.layout.default_length,
-                                                       self.layout.max_depth):
-            raise SentryError("peer layout uses other default chunk parameters")
-        if (other.epoch, _neg(other.digest)) > (self.layout.epoch, _neg(self.layout.digest)):
-            self._switch(other)
-            return other
-        return None
+    def merge_layout(self, data: bytes, sender: str, roster: Iterable[str],
+                     now: float) -> ChunkLayout | None:
+        """`sender`'s advertised layout, counted as its vote; returns the layout this call
+        switched to, if the group now agrees on one (agreement rule 4 above)."""
+        layout = check_layout(data, self.params)
+        roster = set(roster)
+        if sender == self.node_id:
+            raise SentryError("a layout vote in our own name")
+        if sender not in self._votes and len(self._votes) >= 2 * self.params.group_split_size:
+            self._votes = {k: v for k, v in self._votes.items() if k in roster}
+            if len(self._votes) >= 2 * self.params.group_split_size:
+                return None
+        self._votes[sender] = (layout, now)
+        return self._adopt_agreed(roster, now)
+
+    def _adopt_agreed(self, roster: Iterable[str], now: float) -> ChunkLayout | None:
+        """Switch to the layout the group agrees on, if it is not ours (rule 4)."""
+        group = set(roster) | {self.node_id}
+        horizon = now - self.params.peer_silence_s
+        support: dict[tuple[int, bytes], int] = {}
+        layouts: dict[tuple[int, bytes], ChunkLayout] = {}
+        for member, (layout, heard_at) in self._votes.items():
+            if member in group and member != self.node_id and heard_at >= horizon:
+                support[layout.layout_id] = support.get(layout.layout_id, 0) + 1
+                layouts[layout.layout_id] = layout
+        mine = _rank(self.layout)
+        agreed = [layouts[k] for k, votes in support.items()
+                  if k[0] >= self.layout.epoch and k != self.layout.layout_id
+                  and (2 * votes > len(group) or (2 * votes == len(group) and _rank(layouts[k]) > mine))]
+        if not agreed:
+            return None
+        best = max(agreed, key=lambda l: (2 * support[l.layout_id] > len(group), _rank(l)))
+        self._switch(best)
+        return best
 
     # -- refresh --------------------------------------------------------------------------
 
@@ -264,13 +339,18 @@ class Sentry:
                                         if ep == e)
 
     def tick(self, roster: Iterable[str], now: float) -> ChunkLayout | None:
-        """Seal and refresh when due. Returns the new layout when this call switched to one."""
+        """Seal and refresh when due, or join the layout the group agrees on. Returns the new
+        layout when this call switched to one. Never raises on what peers sent: their input
+        was checked when it was merged, and the last epoch there is simply stays."""
         roster = set(roster) | {self.node_id}
+        agreed = self._adopt_agreed(roster, now)
+        if agreed is not None:
+            return agreed
         if not self._own.sealed and self.group_requests() >= self.params.sentry_refresh_requests:
             self._seal(now)
-        if not self._own.sealed:
-            return None
         e = self.layout.epoch
+        if not self._own.sealed or e + 1 > _MAX_EPOCH:
+            return None
         sealed = {n: r for (n, ep), r in self._records.items()
                   if ep == e and r.sealed and n in roster}
         sealed[self.node_id] = self._own
@@ -289,6 +369,7 @@ class Sentry:
         self._sealed_at = now
 
     def _switch(self, layout: ChunkLayout) -> None:
+        self._closed = self._own if self._own.sealed else None
         self.layout = layout
         self._own = StatsRecord(self.node_id, layout.epoch, 0, 0, False, ())
         self._sealed_at = None
@@ -302,3 +383,8 @@ class Sentry:
 def _neg(digest: bytes) -> bytes:
     """Order-reversing map on digests, so the smaller digest compares as larger."""
     return bytes(255 - b for b in digest)
+
+
+def _rank(layout: ChunkLayout) -> tuple[int, bytes]:
+    """The join order on layouts: a higher epoch wins, then the smaller digest."""
+    return (layout.epoch, _neg(layout.digest))
