@@ -6,10 +6,15 @@ forks, recover_s, note, extra); the tests assert on that dict, the bench prints 
 Every scenario builds its own real processes/servers under `root` on 127.0.0.1 and tears
 them down; `seed` fixes every random choice (which node dies when), so a failure replays.
 
-One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement).
+One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement);
+`adversary_path` holds attacks on the anonymous path (an attack that succeeds counts as lost).
 Every public scenario is re-exported here, so bench/reliability.py finds it by name.
 """
 
+from testkit.scenarios.adversary_path import (ADVERSARY_SCENARIOS, adv_address_hijack, adv_link_theft,
+                                              adv_model_amplify, adv_nonce_reuse, adv_onion_replay, adv_peer_quota,
+                                              adv_position_timing, adv_replay_flush, adv_reply_linking,
+                                              adv_sizes_tokens, adv_tagging)
 from testkit.scenarios.epochs import EPOCH_MODES, epoch_faults
 from testkit.scenarios.models import MODEL_MODES, model_faults
 from testkit.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_CLOVES_K, RELAY_CLOVES_N,
@@ -20,6 +25,9 @@ from testkit.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verif
                                                     verifier_partitions)
 
 __all__ = [
+    "ADVERSARY_SCENARIOS", "adv_address_hijack", "adv_link_theft", "adv_model_amplify", "adv_nonce_reuse",
+    "adv_onion_replay", "adv_peer_quota", "adv_position_timing", "adv_replay_flush", "adv_reply_linking",
+    "adv_sizes_tokens", "adv_tagging",
     "EPOCH_MODES", "epoch_faults",
     "MODEL_MODES", "model_faults",
     "LINK_DELAY_S", "LINK_PHASES", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES",
