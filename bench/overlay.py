@@ -155,14 +155,20 @@ async def _cpu_phase(overlay, asks: int, model_pid: int, relay_pids: list[int]) 
         return time.process_time(), sum(_cpu_s(p) for p in relay_pids), _cpu_s(model_pid)
 
     await asyncio.sleep(0.5)  # let the latency phase's last reply cloves settle
-    before = sample()
+    before, t0 = sample(), time.perf_counter()
     for i in range(asks):
         await overlay(f"CPU question {i}: how far is the moon from the earth, roughly, in kilometres?")
     await asyncio.sleep(0.3)  # late reply cloves (k of n answer) still cost the relays CPU
-    after = sample()
+    after, busy_s = sample(), time.perf_counter() - t0
+    # what the 14 processes burn doing nothing (timers, gRPC's threads) over as long: included
+    # in the figures above, reported so that it can be told apart
+    idle_before = sample()
+    await asyncio.sleep(busy_s)
+    idle_after = sample()
     asker, relays, model = ((a - b) * 1000 / asks for a, b in zip(after, before))
+    idle = sum(a - b for a, b in zip(idle_after, idle_before)) * 1000 / asks
     return {"asker": round(asker, 2), "relays": round(relays, 2), "model_node": round(model, 2),
-            "total": round(asker + relays + model, 2), "asks": asks}
+            "total": round(asker + relays + model, 2), "asks": asks, "idle_equivalent": round(idle, 2)}
 
 
 def _plot(over: list[float], dire: list[float], path: str) -> None:
