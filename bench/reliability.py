@@ -175,6 +175,12 @@ def _model(mode: str, what: str) -> Scenario:
                     shared("model_faults", mode=mode))
 
 
+def _adversary(name: str, what: str) -> Scenario:
+    """An attack on the anonymous path (testkit.scenarios.adversary_path): "lost" counts the
+    attacker's successes too; the note gives its success rate and cost."""
+    return Scenario(f"adversary-{name[4:].replace('_', '-')}", what, shared(name))
+
+
 def _epoch(mode: str, what: str) -> Scenario:
     return Scenario(f"epoch-{mode}", f"{what}; 4 verifier nodes, scripted model replies and reference scores",
                     shared("epoch_faults", mode=mode))
@@ -229,6 +235,18 @@ SCENARIOS: list[Scenario] = [
     _group_attack("origin-flood", "fills the group's 50 origin slots with made-up origins as a member joins"),
     _group_attack("capacity-lie", "claims capacity 10 (registered: 1)"),
     _group_attack("claim-and-lie", "NOT DEFENDED: claims every subtree it hears and an idle engine"),
+    # adversary: attacks on the anonymous path (THREAT_MODEL.md, "The anonymous path")
+    _adversary("adv_tagging", "hop 1 XORs a pattern into cloves, a colluding proxy looks for it"),
+    _adversary("adv_replay_flush", "hop 1 floods its successor with 65,536 junk cloves, then replays"),
+    _adversary("adv_onion_replay", "an establishment onion replayed: path up, expired, an hour later"),
+    _adversary("adv_link_theft", "a registered non-neighbour sends on a known link ID"),
+    _adversary("adv_peer_quota", "an attacker fills a relay's per-peer quota, then the victim builds"),
+    _adversary("adv_model_amplify", "a stranger, then a proxy naming 16 routes, submit to a model node"),
+    _adversary("adv_position_timing", "every relay times hop-local acks (and reply delays) to guess its position"),
+    _adversary("adv_reply_linking", "the model node links asks by their reply routes"),
+    _adversary("adv_sizes_tokens", "relays read prompt length from sizes, token counts from reply cloves"),
+    _adversary("adv_address_hijack", "the model node's and a relay's addresses registered by an attacker"),
+    _adversary("adv_nonce_reuse", "3 proxies replay a query's cloves, before and after the node forgets it"),
 ]
 
 

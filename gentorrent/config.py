@@ -50,23 +50,36 @@ CLOVES = CloveParams()
 
 @dataclass(frozen=True)
 class OverlayParams:
-    """Relay state bounds and the user/model-node timers of the anonymous overlay."""
+    """Relay state bounds, the user/model-node timers and the anonymity budget of the overlay."""
 
     max_paths: int = 20_000  # hop entries one relay holds
-    max_paths_per_peer: int = 512  # hop entries created by one predecessor
-    replay_window: int = 65_536  # digests of recently relayed blobs remembered
-    pad_bucket_bytes: int = 512  # inner payloads are padded to a multiple of this
+    max_paths_per_peer: int = 512  # hop entries created by one predecessor (an authenticated node id)
+    # replay defences, all per link and checked after authentication (ARCHITECTURE.md §3.2):
+    forward_replay_window: int = 1024  # clove numbers remembered per path hop (a sliding bitmap)
+    return_replay_window: int = 256  # recent return headers remembered per path hop
+    onion_max_age_s: float = 300.0  # an establishment onion older (or newer) than this is refused
+    reply_link_window: int = 16  # fresh reply link IDs a proxy holds ready per path
+    # the anonymity budget (sizes and timing a relay may learn, THREAT_MODEL.md):
+    query_size_min: int = 2048  # sealed queries are padded to max(this, the next power of two)
+    reply_size_min: int = 512  # reply messages likewise
+    reply_cadence_s: float = 0.05  # a streamed reply leaves as one message per tick, not per token
+    # model-node intake
     max_pending_groups: int = 1024  # cloves of undecoded messages held (intake and user)
     reassembly_timeout_s: float = 120.0  # an undecoded group is forgotten after this
+    query_max_age_s: float = 60.0  # a query stamped further than this from the model node's clock is refused
+    query_time_granularity_s: int = 10  # queries carry their time rounded down to this (no clock fingerprint)
+    delivery_grace_s: float = 2.0  # after the last reply, a late clove's delivery is still reported
+    # user node timers
     first_reply_timeout_s: float = 60.0  # no reply from a model node: try another one
     reply_idle_timeout_s: float = 60.0  # silence between two chunks of a streamed reply
     establish_timeout_s: float = 5.0  # one path establishment, end to end
-    forward_timeout_s: float = 5.0  # one clove forwarded along a path, end to end
+    forward_timeout_s: float = 5.0  # a hop-local acknowledgement, or a proxy's word that it could not deliver
     maintenance_interval_s: float = 5.0  # path manager: expiry, renewal, repair
     build_attempts: int = 8  # tries to build one path before giving up for this round
     max_model_attempts: int = 3  # model nodes tried per ask
     failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
-    max_routes: int = 16  # reply routes accepted in one query
+    link_hello_timeout_s: float = 5.0  # a proxy must authenticate on a model node's link within this
+    link_queue_frames: int = 4096  # frames queued on one link before new ones are dropped (counted)
 
 
 OVERLAY = OverlayParams()

@@ -113,6 +113,7 @@ def _load_params(home: Path) -> ModelNodeParams:
 
 
 def _serve(args) -> int:
+    from gentorrent.crypto import tls
     from model_node import catalogue
 
     home = (args.home or default_home()).resolve()
@@ -129,7 +130,8 @@ def _serve(args) -> int:
             args.load_model, args.weights = plan.load_model, plan.weights
         catalogue.check_available(args.load_model, args.weights)
         params = _load_params(home)
-    except ValueError as exc:  # CatalogueError, settings.ConfigError
+        tls.check_key_files(home)  # a key file others can read: refused, saying what to run
+    except ValueError as exc:  # CatalogueError, settings.ConfigError, KeyFilePermissionError
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
@@ -205,9 +207,11 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
                                            args.gossip_interval)
         intake = None
         if directory is not None:  # the overlay: cloves in, reply cloves out to the users' proxies
+            from gentorrent.channels import ChannelPool
             from model_node.intake import CloveIntake
 
-            intake = CloveIntake(keys.onion, router or generator, directory)
+            intake = CloveIntake(keys.identity.node_id_hex, keys.onion, router or generator, directory,
+                                 ChannelPool(own=tls_id))  # proxies' relays demand a client certificate
         service = ModelNodeService(generator, capacity=args.capacity, address=address, clove_intake=intake,
                                    forwarder=router, gossip=gossip, generate_route=router)
         rpc.add_ModelNodeServicer_to_server(service, server)

@@ -1,13 +1,26 @@
 """The model node's clove intake (ARCHITECTURE.md §3.3): cloves in, reply cloves out.
 
-Plugs into the ModelNode gRPC servicer: its SubmitClove handler is `intake.submit`. Each
-sealed clove is opened with the node's X25519 onion key (the model node, not a relay, does
-this public-key work), grouped by the group value found inside the seal, and decoded with
-S-IDA once k cloves are in. The query is then served by `generate` (the node's engine or its
-forwarding logic, exactly what a direct Generate call would run), and every chunk it yields
-becomes one reply message: sealed with the reply key, split into one clove per reply route,
-and sent to each proxy's Relay.Return. Generation never waits on the network: reply cloves
-are sent by background tasks and the user puts chunks back in order by sequence number.
+Proxies reach it over the ModelNode.Link stream (gentorrent.overlay.links): each must prove,
+with a signature by its registered identity key, that it is a registered user node before
+the intake reads a clove from it. A proxy's ack says only "received" -- never how the clove
+fared -- and is sent before the clove is even opened, so a proxy learns nothing from it.
+
+Each envelope is found by its tag in the `AskBook`, or, for the first envelope of an ask,
+opened with the node's X25519 onion key (the one public-key operation per ask). Once k cloves
+of an ask are in, S-IDA rebuilds the query; a query older than `query_max_age_s`, naming
+more than n reply routes, or seen before (replayed cloves), is refused. It is then served by
+`generate` (the node's engine or its forwarding logic, exactly what a direct Generate call
+would run).
+
+Replies leave on a cadence (the anonymity budget of THREAT_MODEL.md): the first chunk at once,
+then one reply message per `reply_cadence_s` tick -- the chunks generated since the last tick
+merged, an empty message if there were none -- and the final chunk as soon as generation ends.
+A relay thus sees when the answer started and ended, not when each token came, nor how many
+there were (messages are padded to size classes). Every message lists the delivery tokens of
+the query cloves received so far; a clove arriving after the last message is reported in a
+one-clove delivery report, for up to `delivery_grace_s`. Each message is sealed with the reply
+key (fresh random nonces), split into one clove per route and queued on the link to that
+route's proxy: one task per query, none per clove, and cloves to one proxy leave in batches.
 """
 
 from __future__ import annotations
@@ -17,31 +30,46 @@ import logging
 import time
 from typing import AsyncIterator, Callable
 
-import grpc
-
+from gentorrent.channels import USER, ChannelPool, PeerIndex
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, WIRE, CloveParams, OverlayParams
-from gentorrent.crypto import sida
 from gentorrent.crypto.keys import OnionKey
+from gentorrent.ledger.directory import Directory
 from gentorrent.overlay import sealing
-from gentorrent.channels import ChannelPool
-from gentorrent.ledger.directory import Directory, DirectoryIndex
+from gentorrent.overlay.links import Link, LinkHub
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
-from gentorrent.overlay.reassembly import CloveGroups
+from gentorrent.overlay.reassembly import Ask, AskBook, CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
-
-#: reply cloves in flight on one route at a time
-ROUTE_WINDOW = 4
 
 #: what serves a decoded query: the same code path as a direct Generate call
 GenerateFn = Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]]
 
 
+def merge_chunks(chunks: list[pb.GenerateChunk]) -> pb.GenerateChunk:
+    """The chunks generated since the last reply message, as one chunk (text and tokens in
+    order; the end, its receipt and any error from the last)."""
+    merged = pb.GenerateChunk()
+    for chunk in chunks:
+        merged.text += chunk.text
+        merged.token_ids.extend(chunk.token_ids)
+        merged.logprobs.extend(chunk.logprobs)
+        for name in ("served_by", "finish_reason", "error"):
+            if getattr(chunk, name):
+                setattr(merged, name, getattr(chunk, name))
+        if chunk.HasField("receipt"):
+            merged.receipt.CopyFrom(chunk.receipt)
+        merged.final = merged.final or chunk.final or bool(chunk.error)
+    return merged
+
+
 class CloveIntake:
+    # a proxy's ack carries no verdict; sent before the clove is opened, its timing carries none either
+    ack_before_processing = True
+
     def __init__(
         self,
+        node_id_hex: str,
         onion_key: OnionKey,
         generate: GenerateFn,
         directory: Directory,
@@ -50,73 +78,123 @@ class CloveIntake:
         params: OverlayParams = OVERLAY,
         max_active: int = MODEL_NODE.max_queued_requests,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """Proxies are user nodes: their pinned certificates come from `directory` (the
-        committee's, or a static file in tests). It is refreshed (at most once a second) when
-        a query names a proxy it does not list yet: a user who just registered."""
+        """Proxies are user nodes: their keys and pinned certificates come from `directory` (the
+        committee's, or a static file in tests), re-read (at most once a second) when a proxy
+        it does not list yet shows up: a user who just registered. `channels` must present this
+        node's certificate: the proxies' relays ask for one (mutual TLS) when the intake opens
+        a link to send replies on."""
+        self.node_id_hex = node_id_hex
         self.onion_key = onion_key
         self.generate = generate
         self.directory = directory
-        self.proxies = DirectoryIndex(directory)
+        self.index = PeerIndex(directory, on_miss=self._refresh_soon)
         self.channels = channels or ChannelPool()
+        self.cloves = cloves
         self.params = params
         self.max_active = max_active
         self.clock = clock
-        self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
-                                  max_cloves=params.max_routes, n=cloves.n)
-        self._last_refresh = float("-inf")
+        self.wall_clock = wall_clock
         self.drops = DropCounter()
+        self.hub = LinkHub(node_id_hex, None, self.index.user, self.channels, self, params, self.drops)
+        self.asks = AskBook(params.max_pending_groups, params.reassembly_timeout_s,
+                            seen_s=2 * params.query_max_age_s + params.query_time_granularity_s,
+                            grace_s=params.delivery_grace_s)
+        self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
+                                  max_cloves=cloves.n, n=cloves.n)
+        self._last_refresh = float("-inf")
         self.served = 0
+        self.public_key_ops = 0  # X25519 operations: one per ask (bench and tests read it)
+        self.reply_cloves = 0  # reply cloves queued to proxies (what a query can make this node send)
         self._tasks: set[asyncio.Task] = set()
-        self._windows: dict[bytes, asyncio.Semaphore] = {}
         self._active = 0
+
+    # ------------------------------------------------------------------ the link
+
+    async def Link(self, request_iterator, context) -> None:
+        """The ModelNode.Link handler: a proxy's stream, after its signed hello."""
+        await self.hub.serve_with_hello(context, self.index.user, self._refresh)
+
+    async def on_establish(self, link: Link, request: pb.EstablishRequest) -> pb.EstablishReply:
+        return pb.EstablishReply(ok=False, reason=DropReason.UNKNOWN_PEER.value)  # model nodes relay no paths
+
+    def on_cloves(self, link: Link, batch: pb.CloveBatch) -> list[tuple[int, DropReason]]:
+        if not batch.forward or link.peer.role != USER:
+            self.drops.count(DropReason.UNKNOWN_LINK)
+            return []
+        for clove in batch.cloves:
+            self.submit(clove.payload)
+        return []  # a proxy learns nothing of a clove's fate
 
     # ------------------------------------------------------------------ cloves in
 
-    async def submit(self, envelope: pb.CloveEnvelope) -> pb.Ack:
-        """Take one sealed clove from a proxy. Never raises: refusals are counted Acks. Every
-        clove that opened is acknowledged with its delivery token, whatever its fate after."""
-        token = b""
+    def submit(self, envelope: bytes) -> None:
+        """Take one sealed clove; never raises: refusals are counted."""
         try:
-            group, clove, token = self._open(envelope.payload)
-            query = self._accept(group, clove)
+            ask, index = self._find(envelope)
+            self._accept(ask, index, envelope)
         except Drop as drop:
             self.drops.count(drop.reason)
-            # a clove arriving after its message decoded is normal (k of n suffice): the
-            # path that carried it is fine and must not be reported as failing
-            return pb.Ack(ok=drop.reason is DropReason.LATE, reason=drop.reason.value, delivery_token=token)
-        if query is not None:
-            self._spawn(self._serve(query))
-        return pb.Ack(ok=True, delivery_token=token)
 
-    async def SubmitClove(self, request: pb.CloveEnvelope, context) -> pb.Ack:
-        """Same as `submit`, shaped as a gRPC handler (for servicers that delegate by name)."""
-        return await self.submit(request)
-
-    def _open(self, payload: bytes) -> tuple[bytes, bytes, bytes]:
-        if len(payload) > WIRE.max_blob_bytes:
+    def _find(self, envelope: bytes) -> tuple[Ask, int]:
+        if len(envelope) > WIRE.max_blob_bytes:
             raise Drop(DropReason.OVERSIZE)
+        now = self.clock()
         try:
-            return sealing.open_clove(self.onion_key.private_key, payload)
+            hit = self.asks.lookup(sealing.envelope_tag(envelope))
+            if hit is None:
+                self.public_key_ops += 1
+                secret, n, k = sealing.open_box(self.onion_key.private_key, envelope, self.cloves.n)
+                self.asks.add(secret, n, k, sealing.clove_tags(secret, n), now)
+                hit = self.asks.lookup(sealing.envelope_tag(envelope))
         except sealing.SealError as exc:
             raise Drop(DropReason.BAD_SEAL) from exc
+        if hit is None:
+            raise Drop(DropReason.BAD_SEAL, "a box not matching its tag")
+        return hit
 
-    def _accept(self, group: bytes, clove: bytes) -> pb.OverlayQuery | None:
+    def _accept(self, ask: Ask, index: int, envelope: bytes) -> None:
+        if index in ask.received:
+            raise Drop(DropReason.REPLAY)
+        try:
+            clove, token = sealing.open_envelope(ask.secret, index, envelope)
+        except sealing.SealError as exc:
+            raise Drop(DropReason.BAD_SEAL) from exc
+        ask.received.add(index)
+        ask.tokens.append(token)
+        if ask.decoded:
+            self._late(ask, index, token)
+            raise Drop(DropReason.LATE)  # normal: k of n suffice; counted, not an error
         now = self.clock()
         self.groups.expire(now)
-        message = self.groups.add(group, clove, now)
+        message = self.groups.add(ask.secret, clove, now)
         if message is None:
-            return None
+            return
+        ask.decoded = True
         try:
-            query = sealing.open_query(self.onion_key.private_key, message, self.params.max_routes)
+            query = sealing.open_query(message, self.cloves.n)
         except sealing.SealError as exc:
-            raise Drop(DropReason.BAD_QUERY, str(exc)) from exc
+            self.asks.forget(ask, now)
+            raise Drop(DropReason.TOO_MANY_ROUTES if "routes" in str(exc) else DropReason.BAD_QUERY, str(exc)) from exc
+        age = self.wall_clock() - query.issued_s
+        if not -self.params.query_max_age_s <= age <= self.params.query_max_age_s + self.params.query_time_granularity_s:
+            self._spawn(self._say(ask, query, f"stale query: made {age:.0f} s from this node's clock; check yours"))
+            raise Drop(DropReason.STALE)
         if self._active >= self.max_active:
             # say so on the reply routes: the user moves on to another node at once instead of
             # waiting out its reply timeout (and does not blame its paths)
-            self._send_chunk(query, 0, pb.GenerateChunk(final=True, error=f"{sealing.BUSY_ERROR}: at capacity"))
+            self._spawn(self._say(ask, query, f"{sealing.BUSY_ERROR}: at capacity"))
             raise Drop(DropReason.BUSY)
-        return query
+        self._spawn(self._serve(ask, query))
+
+    def _late(self, ask: Ask, index: int, token: bytes) -> None:
+        """A clove after the last reply message: report its token on its own route."""
+        if ask.last_reply_at is None or ask.sealer is None or index >= len(ask.routes):
+            return  # still replying: the next message lists it
+        report = ask.sealer.delivery_report(index, ask.reported, [token], ask.k)
+        ask.reported += 1
+        self._send(ask.routes[index], report)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -126,80 +204,108 @@ class CloveIntake:
 
     # ------------------------------------------------------------------ replies out
 
-    async def _serve(self, query: pb.OverlayQuery) -> None:
-        self._active += 1
-        sends: list[asyncio.Task] = []
-        seq = 0
-        try:
-            try:
-                async for chunk in self.generate(query.request):
-                    sends.extend(self._send_chunk(query, seq, chunk))
-                    seq += 1
-                    if chunk.final:
-                        break
-            except Exception as exc:  # the engine failed: tell the user rather than go silent
-                log.warning("serving an overlay query failed: %s", exc)
-                error = pb.GenerateChunk(final=True, error=f"{type(exc).__name__}: {exc}"[:300])
-                sends.extend(self._send_chunk(query, seq, error))
-            self.served += 1
-            if sends:
-                await asyncio.gather(*sends, return_exceptions=True)
-        finally:
-            self._active -= 1
-            for route in query.routes:
-                self._windows.pop(route.link_id, None)
-
-    def _send_chunk(self, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> list[asyncio.Task]:
-        reply = pb.OverlayReply(seq=seq, chunk=chunk)
-        sealed = sealing.seal_reply(query.reply_key, reply)
-        cloves = sida.split(sealed, len(query.routes), query.k)
-        tasks = []
-        for index, (route, clove) in enumerate(zip(query.routes, cloves)):
-            blob = sealing.seal_reply_clove(query.reply_key, index, seq, clove)
-            tasks.append(self._spawn(self._send_clove(route, blob)))
-        return tasks
-
-    async def _known_proxy(self, address: str) -> bytes | None:
-        cert = self.proxies.relay_cert(address)
-        if cert is None and self.clock() - self._last_refresh >= 1.0:
-            self._last_refresh = self.clock()
-            try:
-                await self.directory.refresh()
-                self.proxies.rebuild()
-            except Exception as exc:  # the directory is unreachable: drop, counted below
-                log.info("directory refresh failed: %s", exc)
-            cert = self.proxies.relay_cert(address)
-        return cert
-
-    async def _send_clove(self, route: pb.ReplyRoute, blob: bytes) -> None:
-        # a bounded number of cloves in flight per route: a fast stream queues here instead
-        # of flooding the path (and timing out) with one concurrent call per token
-        window = self._windows.setdefault(route.link_id, asyncio.Semaphore(ROUTE_WINDOW))
-        async with window:
-            await self._send_clove_now(route, blob)
-
-    async def _send_clove_now(self, route: pb.ReplyRoute, blob: bytes) -> None:
-        cert = await self._known_proxy(route.proxy_address)
-        if cert is None:
+    def _send(self, route: pb.ReplyRoute, blob: bytes) -> None:
+        link = self.hub.link_to(route.proxy.hex())
+        if link is None:
             self.drops.count(DropReason.UNKNOWN_PEER)
             return
-        stub = rpc.RelayStub(self.channels.get(route.proxy_address, cert))
+        self.reply_cloves += 1
+        link.send(False, [pb.Clove(link_id=route.link_id, payload=blob)])
+
+    def _reply(self, ask: Ask, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> None:
+        reply = pb.OverlayReply(seq=seq, chunk=chunk, delivered=ask.tokens)
+        for route, blob in zip(query.routes, ask.sealer.cloves(reply, query.k)):
+            self._send(route, blob)
+        if chunk.final:
+            self.asks.replied(ask, self.clock())
+
+    def _prepare(self, ask: Ask, query: pb.OverlayQuery) -> None:
+        ask.sealer = sealing.ReplySealer(query.reply_key, len(query.routes), minimum=self.params.reply_size_min)
+        ask.routes = list(query.routes)
+
+    async def _known(self, query: pb.OverlayQuery) -> None:
+        """Re-read the directory once if a route names a proxy it does not list yet."""
+        if any(self.index.user(r.proxy.hex()) is None for r in query.routes):
+            await self._refresh()
+
+    async def _say(self, ask: Ask, query: pb.OverlayQuery, error: str) -> None:
+        await self._known(query)
+        self._prepare(ask, query)
+        self._reply(ask, query, 0, pb.GenerateChunk(final=True, error=error))
+
+    async def _serve(self, ask: Ask, query: pb.OverlayQuery) -> None:
+        self._active += 1
+        await self._known(query)
+        self._prepare(ask, query)
+        pending: list[pb.GenerateChunk] = []
+        arrived, done = asyncio.Event(), asyncio.Event()
+        pump = self._spawn(self._pump(query.request, pending, arrived, done))
         try:
-            ack = await stub.Return(pb.CloveEnvelope(link_id=route.link_id, payload=blob),
-                                    timeout=self.params.forward_timeout_s)
-        except grpc.aio.AioRpcError:
-            self.drops.count(DropReason.NEXT_HOP_UNREACHABLE)
+            await arrived.wait()  # the first chunk leaves at once (its time is the prompt's, not a token's)
+            seq = 0
+            while True:
+                chunk = merge_chunks(pending)
+                pending.clear()
+                if done.is_set() and not chunk.final:  # generation ended without a final chunk
+                    chunk.final, chunk.error = True, chunk.error or "generation ended without a final chunk"
+                self._reply(ask, query, seq, chunk)
+                seq += 1
+                if chunk.final:
+                    break
+                try:  # the next tick, or the end of generation, whichever comes first
+                    await asyncio.wait_for(done.wait(), self.params.reply_cadence_s)
+                except asyncio.TimeoutError:
+                    pass
+            self.served += 1
+        finally:
+            self._active -= 1
+            pump.cancel()
+
+    async def _pump(self, request: pb.GenerateRequest, pending: list, arrived: asyncio.Event,
+                    done: asyncio.Event) -> None:
+        try:
+            async for chunk in self.generate(request):
+                pending.append(chunk)
+                arrived.set()
+                if chunk.final:
+                    break
+        except Exception as exc:  # the engine failed: tell the user rather than go silent
+            log.warning("serving an overlay query failed: %s", exc)
+            pending.append(pb.GenerateChunk(final=True, error=f"{type(exc).__name__}: {exc}"[:300]))
+        finally:
+            done.set()
+            arrived.set()
+
+    # ------------------------------------------------------------------ directory
+
+    def _refresh_soon(self) -> None:
+        """A proxy we do not list may just have registered: re-read the directory (1/s at most)."""
+        now = self.clock()
+        if now - self._last_refresh < 1.0:
             return
-        if not ack.ok:
-            self.drops.count(DropReason.NEXT_HOP_REFUSED)
+        self._last_refresh = now
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # looked up outside the event loop (tests): nothing to schedule
+            return
+        self._spawn(self._refresh())
+
+    async def _refresh(self) -> None:
+        self._last_refresh = self.clock()
+        try:
+            await self.directory.refresh()
+            self.index.rebuild()
+        except Exception as exc:  # the directory is unreachable: the lookup stays a miss, counted
+            log.info("directory refresh failed: %s", exc)
 
     # ------------------------------------------------------------------ lifecycle
 
     def status(self) -> dict:
-        return {"served": self.served, "active": self._active, "pending_groups": len(self.groups),
-                "drops": self.drops.as_dict()}
+        return {"served": self.served, "active": self._active, "asks": len(self.asks),
+                "public_key_ops": self.public_key_ops, "reply_cloves": self.reply_cloves, "links": self.hub.status(), "drops": self.drops.as_dict()}
 
     async def close(self) -> None:
+        await self.hub.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -3,7 +3,7 @@
 `LocalGenerator` is the one code path that turns a GenerateRequest into signed chunks on this
 node's engine; the Generate RPC, the clove intake (overlay) and the group forwarder (routing)
 all call it, so a reply looks and is signed the same whichever way the request came in.
-SubmitClove, Forward and Gossip are handled by objects injected into the servicer by the
+Link (the overlay), Forward and Gossip are handled by objects injected into the servicer by the
 issues that own them; until one is given, its RPC answers UNIMPLEMENTED.
 
 Admission is bounded: beyond `max_running_requests + max_queued_requests` in flight, a
@@ -152,7 +152,7 @@ class LocalGenerator:
 
 
 class CloveHandler(Protocol):
-    async def submit(self, envelope: pb.CloveEnvelope) -> pb.Ack: ...
+    async def Link(self, request_iterator, context) -> None: ...
 
 
 class ForwardHandler(Protocol):
@@ -212,10 +212,11 @@ class ModelNodeService(rpc.ModelNodeServicer):
 
     # ------------------------------------------------------------------ overlay
 
-    async def SubmitClove(self, request: pb.CloveEnvelope, context) -> pb.Ack:
+    async def Link(self, request_iterator, context) -> None:
+        """The overlay link from proxies (model_node.intake)."""
         if self.clove_intake is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "clove intake is not enabled on this node")
-        return await self.clove_intake.submit(request)
+        await self.clove_intake.Link(request_iterator, context)
 
     async def Gossip(self, request: pb.GossipMessage, context) -> pb.GossipReply:
         if self.gossip_handler is None:

@@ -32,6 +32,12 @@ What colluders can link decides which chains they reason about together (a *view
 * ``gentorrent_per_hop``: ours (ARCHITECTURE.md §3.2): a fresh link ID per hop, so two colluders on
   one path link only when adjacent. Each chain is its own view (with ``--count observed`` the
   attacker counts only that chain's relays); a path's anonymity is the mean over its chains.
+  A relay does not know its position: acknowledgements end at the next hop, so it cannot time
+  the model node (THREAT_MODEL.md), and a clove it tags dies at the next honest hop.
+* ``gentorrent_acks_e2e``: the same design before hop-local acknowledgements (measured: with
+  end-to-end acks every relay knew its position from their timing, and hop 1 and a colluding
+  proxy linked by tagging). A path whose first relay is malicious names the sender (entropy
+  0); a malicious relay further on knows its predecessor is not the sender (no information).
 
 Assumptions: a static snapshot (no churn, no repeated observations of one path over time, no
 intersection attacks across messages), a passive adversary, no traffic analysis beyond what a
@@ -55,7 +61,7 @@ from sims.common import (
     plot_lines, progress, require, run_main, write_csv,
 )
 
-Linking = Literal["message", "path", "chain"]
+Linking = Literal["message", "path", "chain", "position"]
 Count = Literal["paper", "observed"]
 SOURCE = -1  # key of "the sender" among candidate predecessors (relay ids are >= 0)
 
@@ -81,6 +87,8 @@ def systems(n: int, k: int, l: int, onion_l: int, walk_hops: int) -> list[System
         System("gentorrent", f"GenTorrent (paper: path IDs, n={n}, l={l})", n, l, "path"),
         System("gentorrent_per_hop", f"GenTorrent, per-hop link IDs (ours, n={n}, l={l})", n, l,
                "chain"),
+        System("gentorrent_acks_e2e", f"GenTorrent with end-to-end acks (before; relays knew their position)",
+               n, l, "position"),
     ]
 
 
@@ -133,6 +141,9 @@ def entropy_of_placements(malicious: np.ndarray, relay_ids: np.ndarray, f: float
     ``relay_ids`` identify relays (so a relay on two linked walks is one candidate).
     """
     runs, paths, hops = malicious.shape
+    if linking == "position":  # a relay that knows it is first names the sender; later ones learn nothing
+        base = normalized_entropy(np.zeros((1, 1)), f, users)[0]
+        return np.where(malicious[..., 0], 0.0, base).mean(axis=1)
     before = np.zeros_like(malicious)
     before[..., 1:] = malicious[..., :-1]
     starts = malicious & ~before
@@ -245,14 +256,18 @@ def main(argv: list[str] | None = None) -> int:
             "never across paths) are the same observation, so those two curves coincide; the "
             "paper's onion figure (0.954) is what A4 gives with the observed count "
             "(`--count observed`). Per-hop link IDs help only when a path holds two separate "
-            "chains of colluders, so the gain grows with f.\n")
+            "chains of colluders, so the gain grows with f. `gentorrent_acks_e2e` is what relays "
+            "could do before acknowledgements became hop-local: each knew its position from ack "
+            "timing, so a malicious first hop named the sender outright. What a relay can still "
+            "time (the delay from a forward clove to the next reply clove on its path, which "
+            "includes the model node's generation time) is in THREAT_MODEL.md.\n")
     (a.out / "anonymity.md").write_text(md)
     if not a.no_plot:
-        order = ["garlic_cast", "gentorrent", "gentorrent_per_hop", "onion"]  # onion on top
+        order = ["gentorrent_acks_e2e", "garlic_cast", "gentorrent", "gentorrent_per_hop", "onion"]  # onion on top
         curves = {labels[s]: ([d["f"] for d in table.select(system=s)],
                               [d["entropy"] for d in table.select(system=s)])
                   for s in order}
-        styles = {labels["gentorrent_per_hop"]: "--", labels["onion"]: ":"}
+        styles = {labels["gentorrent_per_hop"]: "--", labels["onion"]: ":", labels["gentorrent_acks_e2e"]: "-."}
         colors = {labels[s]: SYSTEM_COLORS[s] for s in order}
         plot_lines(a.out / "anonymity.png", curves, styles=styles, colors=colors,
                    title=f"Sender anonymity, N = {a.N} (A4 metric, count = {a.count})",

@@ -18,7 +18,8 @@ import numpy as np
 
 #: one colour per system, the same in every figure
 SYSTEM_COLORS = {"onion": "C0", "garlic_cast": "C1", "gentorrent": "C2", "gentorrent_static": "C2",
-                 "gentorrent_per_hop": "C3", "gentorrent_repair": "C3", "gentorrent_sealed": "C3"}
+                 "gentorrent_per_hop": "C3", "gentorrent_repair": "C3", "gentorrent_sealed": "C3",
+                 "gentorrent_acks_e2e": "C7"}
 
 #: repository root (sims/ sits directly under it)
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -17,9 +17,10 @@ from the N - 1 other users (with replacement; round(fN) of them are malicious); 
 
 Systems: ``garlic_cast`` (n random walks of ``SIMS.garlic_walk_hops`` hops), ``gentorrent``
 (the paper: n paths of l relays, the payload is the plaintext), and ``gentorrent_sealed`` (ours,
-ARCHITECTURE.md §3.3: the message is sealed to the model node's X25519 key before S-IDA, so the
-payload the relays can rebuild is ciphertext; the content falls only if the model node
-colludes too, and this figure assumes it does not: a model node reads the prompt by design).
+ARCHITECTURE.md §3.3: every clove travels in an envelope sealed to the model node's X25519 key,
+so relays, even k colluding proxies, hold envelopes they cannot open and have no clove to
+combine; the content falls only if the model node colludes too, and this figure assumes it
+does not: a model node reads the prompt by design).
 The reply travels the same paths, so its exposure is the same as the query's.
 
 Assumptions: a static snapshot, the same relays carry the query and the reply, a passive
@@ -49,7 +50,7 @@ class System:
     name: str
     label: str
     hops: int
-    sealed: bool  # end-to-end sealed to the model node before S-IDA
+    sealed: bool  # every clove sealed to the model node: relays never hold a clove they can use
 
 
 def systems(n: int, k: int, l: int, walk_hops: int) -> list[System]:
@@ -101,7 +102,7 @@ def simulate(system: System, f: float, *, users: int, n: int, k: int, runs: int,
         mal = ids < bad
         for a in ADVERSARIES:
             got = payload_recovered(mal, ids, k, brute_force=(a == "brute_force"))
-            content = np.zeros_like(got) if system.sealed else got  # sealed: ciphertext only
+            content = np.zeros_like(got) if system.sealed else got  # sealed: nothing relays can open
             hit[a] += int(content.sum())
     return {a: hit[a] / runs for a in ADVERSARIES}
 

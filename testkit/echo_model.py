@@ -11,7 +11,7 @@ test proves that check holds on real processes (`--misbehave KIND`):
 
 - `garbage`: every reply message is random bytes, sealed with the right reply keys and split
   into correctly tagged cloves. The cloves pass every layer of crypto; only the decoder of
-  the reply message (sealing.open_reply) stands between them and the user.
+  the reply message (sealing.ReplyOpener.message) stands between them and the user.
 - `bad-signature`: a well-formed reply, the right text, a receipt naming this node and covering
   the right prompt and tokens, whose Ed25519 signature has one bit flipped. Only the receipt
   check (asking.receipt_is_valid) refuses it.
@@ -33,7 +33,6 @@ from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayP
 from gentorrent.crypto import sida, tls
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.ledger.directory import ModelRecord, StaticDirectory
-from gentorrent.overlay import sealing
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from model_node.intake import CloveIntake
@@ -60,8 +59,9 @@ class EchoModelNode(rpc.ModelNodeServicer):
         self.chunk_delay_s = chunk_delay_s  # pause before every chunk after the first
         self.keys = NodeKeys.load_or_create(self.home)
         self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
-        self.channels = ChannelPool()
-        self.intake = CloveIntake(self.keys.onion, self.generate, self.directory, self.channels, cloves, params)
+        self.channels = ChannelPool(own=self.tls)
+        self.intake = CloveIntake(self.keys.identity.node_id_hex, self.keys.onion, self.generate, self.directory,
+                                  self.channels, cloves, params)
         self.gate: asyncio.Event | None = None  # when set to an Event, generation waits for it
         self.received = asyncio.Event()  # set when a query was decoded
         self.prompts: list[str] = []
@@ -112,8 +112,8 @@ class EchoModelNode(rpc.ModelNodeServicer):
 
     # gRPC ----------------------------------------------------------------------
 
-    async def SubmitClove(self, request: pb.CloveEnvelope, context) -> pb.Ack:
-        return await self.intake.submit(request)
+    async def Link(self, request_iterator, context) -> None:
+        await self.intake.Link(request_iterator, context)
 
     async def Generate(self, request: pb.GenerateRequest, context):
         async for chunk in self.generate(request):
@@ -131,14 +131,13 @@ MISBEHAVIOURS = ("garbage", "bad-signature")
 class GarbageReplyIntake(CloveIntake):
     """Seals and tags every reply clove correctly, around a reply message of random bytes."""
 
-    def _send_chunk(self, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk):
-        honest = sealing.seal_reply(query.reply_key, pb.OverlayReply(seq=seq, chunk=chunk))
+    def _reply(self, ask, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> None:
+        honest = ask.sealer.message(pb.OverlayReply(seq=seq, chunk=chunk, delivered=ask.tokens))
         garbage = os.urandom(len(honest))  # the size an honest reply would have on the wire
-        tasks = []
         for index, (route, clove) in enumerate(zip(query.routes, sida.split(garbage, len(query.routes), query.k))):
-            blob = sealing.seal_reply_clove(query.reply_key, index, seq, clove)
-            tasks.append(self._spawn(self._send_clove(route, blob)))
-        return tasks
+            self._send(route, ask.sealer.clove(index, seq, clove))
+        if chunk.final:
+            self.asks.replied(ask, self.clock())
 
 
 class MisbehavingEchoModelNode(EchoModelNode):
@@ -151,9 +150,8 @@ class MisbehavingEchoModelNode(EchoModelNode):
         self.misbehave = misbehave
         if misbehave == "garbage":
             honest = self.intake
-            self.intake = GarbageReplyIntake(honest.onion_key, self.generate, honest.directory, honest.channels,
-                                             params=honest.params, max_active=honest.max_active)
-            self.intake.groups = honest.groups  # same clove parameters as the honest intake
+            self.intake = GarbageReplyIntake(honest.node_id_hex, honest.onion_key, self.generate, honest.directory,
+                                             honest.channels, honest.cloves, honest.params, max_active=honest.max_active)
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
         async for chunk in super().generate(request):

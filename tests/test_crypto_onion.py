@@ -22,7 +22,7 @@ KEYS = [X25519PrivateKey.generate() for _ in range(onion.MAX_HOPS + 2)]
 
 def _path(length: int, start: int = 0):
     priv = KEYS[start : start + length]
-    hops = [onion.HopSpec(f"10.0.{start}.{i}:{7000 + i}", k.public_key()) for i, k in enumerate(priv)]
+    hops = [onion.HopSpec(bytes([start, i + 1]) * 16, k.public_key()) for i, k in enumerate(priv)]
     return priv, hops
 
 
@@ -54,12 +54,13 @@ def test_defaults_come_from_config():
 @given(length=st.integers(1, onion.MAX_HOPS), start=st.integers(0, 1))
 def test_onion_peels_in_order_with_constant_size(length, start):
     priv, hops = _path(length, start)
-    first, path = onion.build_onion(hops)
-    assert path.first_hop == hops[0].address and len(path.link_ids) == length + 1
+    first, path = onion.build_onion(hops, issued_s=1_700_000_000)
+    assert path.first_hop == hops[0].node_id.hex() and len(path.link_ids) == length + 1
     layers, seen = _walk(first, priv)
     assert all(len(o) == onion.ONION_SIZE for o in seen)
     for h, layer in enumerate(layers):
-        assert layer.next_hop == (hops[h + 1].address if h + 1 < length else None)
+        assert layer.issued_s == 1_700_000_000  # every hop can refuse the onion once it is old
+        assert layer.next_hop == (hops[h + 1].node_id.hex() if h + 1 < length else None)
         assert (layer.onion is None) == (h == length - 1)
         assert layer.link_in == path.link_ids[h] and layer.link_out == path.link_ids[h + 1]
         assert layer.hop_key == path.hop_keys[h]
@@ -82,7 +83,7 @@ def test_peel_only_with_the_right_key_in_order():
     raw = priv[1].private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
-    assert onion.peel(second, raw).next_hop == hops[2].address  # raw 32-byte keys work too
+    assert onion.peel(second, raw).next_hop == hops[2].node_id.hex()  # raw 32-byte keys work too
 
 
 def test_every_bit_flip_of_a_middle_layer_is_rejected():
@@ -147,7 +148,7 @@ def test_deterministic_given_rng():
 
 @pytest.mark.parametrize(
     "case",
-    ["no hops", "too many hops", "long address", "bad key", "short onion", "bad link ids"],
+    ["no hops", "too many hops", "bad node id", "bad key", "short onion", "bad link ids"],
 )
 def test_bad_input_raises_clear_error(case):
     priv, hops = _path(3)
@@ -156,10 +157,10 @@ def test_bad_input_raises_clear_error(case):
             onion.build_onion([])
         elif case == "too many hops":
             onion.build_onion(_path(onion.MAX_HOPS)[1] + _path(1)[1])
-        elif case == "long address":
-            onion.build_onion([hops[0], onion.HopSpec("h" * (onion.ADDR_MAX + 1), hops[1].onion_key)])
+        elif case == "bad node id":  # successors are named by node id, never by address
+            onion.build_onion([hops[0], onion.HopSpec(b"127.0.0.1:7000", hops[1].onion_key)])
         elif case == "bad key":
-            onion.build_onion([onion.HopSpec("a:1", b"short")])
+            onion.build_onion([onion.HopSpec(bytes(32), b"short")])
         elif case == "short onion":
             onion.peel(bytes(100), priv[0])
         else:
@@ -183,25 +184,32 @@ def _established(length: int):
 
 
 @settings(max_examples=40, deadline=None)
-@given(length=st.integers(1, 5), payload=st.binary(max_size=3000), pad=st.booleans())
-def test_forward_and_return_round_trip_with_constant_size(length, payload, pad):
+@given(length=st.integers(1, 5), payload=st.binary(max_size=3000), pad=st.booleans(), seq=st.integers(0, 2**40))
+def test_forward_and_return_round_trip_with_constant_size(length, payload, pad, seq):
     path = _established(length)
     pad_to = 3000 if pad else None
-    blob = onion.wrap_forward(path, payload, pad_to=pad_to)
-    views = [blob]
+    blob = onion.wrap_forward(path, payload, seq, pad_to=pad_to)
+    views, seqs = [blob], []
     for key in path.hop_keys[:-1]:
-        blob = onion.peel_forward(key, blob)
+        hop_seq, blob = onion.peel_forward(key, blob)
+        seqs.append(hop_seq)
         views.append(blob)
-    assert onion.open_forward(path.hop_keys[-1], blob) == payload
+    proxy_seq, opened = onion.open_forward(path.hop_keys[-1], blob)
+    assert opened == payload
+    seqs.append(proxy_seq)
+    # every hop reads the clove's number plus its own secret offset: the same clove shows a
+    # different number at every hop
+    assert [(s - onion.hop_keys(k).seq_offset) % 2**64 for s, k in zip(seqs, path.hop_keys)] == [seq] * length
+    assert len(set(seqs)) == length
     back = onion.seal_return(path.hop_keys[-1], payload, pad_to=pad_to)
     rviews = [back]
     for key in reversed(path.hop_keys[:-1]):
         back = onion.wrap_return(key, back)
         rviews.append(back)
     assert onion.unwrap_return(path, back) == payload
-    assert len({len(v) for v in views + rviews}) == 1
+    assert len({len(v) for v in views}) == 1 and len({len(v) for v in rviews}) == 1
     if pad:
-        assert len(views[0]) == 3000 + 4 + onion.HDR_BYTES + onion.TAG_BYTES
+        assert len(views[0]) == onion.forward_size(3000, length)
     for a, b in itertools.combinations(views, 2):
         assert not _shares_9_bytes(a, b)
     for a, b in itertools.combinations(rviews, 2):
@@ -209,20 +217,25 @@ def test_forward_and_return_round_trip_with_constant_size(length, payload, pad):
 
 
 @settings(max_examples=60, deadline=None)
-@given(bit=st.integers(0, (16 + 4 + 100 + 16) * 8 - 1), hop=st.integers(0, 2))
-def test_tampered_clove_layer_is_rejected_at_the_end(bit, hop):
+@given(bit=st.integers(0, (onion.forward_size(100, 3)) * 8 - 1), hop=st.integers(0, 2))
+def test_a_tampered_forward_clove_dies_at_the_next_hop(bit, hop):
+    """Per-hop integrity: whichever hop flips whichever bit, the very next hop refuses the clove."""
     path = _established(3)
-    blob = onion.wrap_forward(path, os.urandom(100))
+    blob = onion.wrap_forward(path, os.urandom(100), 0)
     for key in path.hop_keys[:hop]:
-        blob = onion.peel_forward(key, blob)
+        _, blob = onion.peel_forward(key, blob)
     bad = bytearray(blob)
     bad[bit // 8] ^= 1 << (bit % 8)
-    blob = bytes(bad)
-    for key in path.hop_keys[hop:-1]:
-        blob = onion.peel_forward(key, blob)
     with pytest.raises(onion.CloveLayerError):
-        onion.open_forward(path.hop_keys[-1], blob)
-    # a 2-hop return (hops 2 -> 1) tampered anywhere
+        if hop < 2:
+            onion.peel_forward(path.hop_keys[hop], bytes(bad))
+        else:
+            onion.open_forward(path.hop_keys[hop], bytes(bad))
+
+
+@settings(max_examples=60, deadline=None)
+@given(bit=st.integers(0, (16 + 4 + 100 + 16) * 8 - 1))
+def test_a_tampered_return_clove_is_rejected_by_the_user(bit):
     other = _established(2)
     back = bytearray(onion.wrap_return(other.hop_keys[0], onion.seal_return(other.hop_keys[1], os.urandom(100))))
     back[bit // 8] ^= 1 << (bit % 8)
@@ -230,15 +243,22 @@ def test_tampered_clove_layer_is_rejected_at_the_end(bit, hop):
         onion.unwrap_return(other, bytes(back))
 
 
+def test_fresh_reply_links_are_unrelated_and_known_only_to_key_holders():
+    a, b = _established(3), _established(3)
+    links = [onion.reply_link(a.hop_keys[-1], j) for j in range(64)]
+    assert len(set(links)) == 64 and all(len(x) == onion.LINK_ID_BYTES for x in links)
+    assert not set(links) & {onion.reply_link(b.hop_keys[-1], j) for j in range(64)}
+    for x, y in itertools.combinations(links[:16], 2):
+        assert not _shares_9_bytes(x, y)
+
+
 def test_clove_layers_only_open_with_the_right_keys():
     a, b = _established(3), _established(3)
-    blob = onion.wrap_forward(a, b"secret")
+    blob = onion.wrap_forward(a, b"secret", 0)
     with pytest.raises(onion.CloveLayerError):
         onion.open_forward(a.hop_keys[-1], blob)  # intermediate layers not removed
-    for key in b.hop_keys[:-1]:
-        blob = onion.peel_forward(key, blob)
     with pytest.raises(onion.CloveLayerError):
-        onion.open_forward(b.hop_keys[-1], blob)
+        onion.peel_forward(b.hop_keys[0], blob)  # another path's hop
     with pytest.raises(onion.CloveLayerError):
         onion.unwrap_return(b, onion.seal_return(a.hop_keys[-1], b"x"))
     with pytest.raises(onion.CloveLayerError):
@@ -246,4 +266,4 @@ def test_clove_layers_only_open_with_the_right_keys():
     with pytest.raises(onion.CloveLayerError):
         onion.peel_forward(a.hop_keys[0], b"tiny")
     with pytest.raises(onion.CloveLayerError):
-        onion.wrap_forward(a, b"too long", pad_to=3)
+        onion.wrap_forward(a, b"too long", 0, pad_to=3)

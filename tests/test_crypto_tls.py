@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -97,3 +99,81 @@ def test_certificate_names_the_node_and_keys_persist(tmp_path):
     from cryptography import x509
     subject = x509.load_pem_x509_certificate(cert.cert_pem).subject.rfc4514_string()
     assert keys.identity.node_id_hex in subject
+
+
+# --------------------------------------------------------------------------- key files
+
+
+def test_private_keys_are_0600_from_the_first_byte(tmp_path, monkeypatch):
+    """No window in which a key file is readable by others: the attack is a crash (or a reader)
+    between writing the key and tightening its mode, simulated by a chmod that fails."""
+    import os
+
+    from gentorrent.crypto.keys import NodeKeys
+
+    def no_chmod(*args, **kwargs):
+        raise OSError("chmod interrupted")
+
+    monkeypatch.setattr(os, "chmod", no_chmod)
+    monkeypatch.setattr(type(tmp_path), "chmod", no_chmod)
+    old = os.umask(0o022)
+    try:
+        keys = None
+        try:
+            keys = NodeKeys.load_or_create(tmp_path)
+            tls.TlsIdentity.load_or_create(tmp_path, keys.identity)
+        except OSError:
+            pass  # a writer that relies on chmod fails here; what matters is what it left on disk
+    finally:
+        os.umask(old)
+    for name in (NodeKeys.IDENTITY_FILE, NodeKeys.ONION_FILE, tls.KEY_FILE):
+        path = tmp_path / name
+        assert not path.exists() or path.stat().st_mode & 0o077 == 0, (name, oct(path.stat().st_mode))
+    assert keys is not None and (tmp_path / tls.KEY_FILE).exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no half-written leftovers
+
+
+@pytest.mark.parametrize("name", ["tls.key.pem", "identity.key.pem", "onion.key.pem"])
+def test_a_key_file_others_can_read_is_refused_saying_what_to_run(tmp_path, name):
+    from gentorrent.crypto.keys import KeyFilePermissionError, NodeKeys
+
+    keys = NodeKeys.load_or_create(tmp_path)
+    tls.TlsIdentity.load_or_create(tmp_path, keys.identity)
+    (tmp_path / name).chmod(0o644)
+    with pytest.raises(KeyFilePermissionError) as err:
+        keys = NodeKeys.load_or_create(tmp_path)
+        tls.TlsIdentity.load_or_create(tmp_path, keys.identity)
+    assert f"chmod 600 {tmp_path / name}" in str(err.value) and "644" in str(err.value)
+    (tmp_path / name).chmod(0o600)  # what the message says to run: then it loads
+    tls.TlsIdentity.load_or_create(tmp_path, NodeKeys.load_or_create(tmp_path).identity)
+
+
+# --------------------------------------------------------------------------- pinning by node id
+
+
+def test_peers_are_pinned_by_node_id_never_by_a_claimed_address(tmp_path):
+    """Address hijack: an attacker registers the victim's address with its own certificate.
+    Lookups go by node id, so the victim's registered certificate is still the one pinned,
+    and a presented certificate maps to exactly the node it names."""
+    from gentorrent.channels import PeerIndex
+    from gentorrent.ledger.directory import StaticDirectory
+    from gentorrent.ledger.sections import UserRecord
+
+    def record(identity: Identity, address: str, cert: bytes) -> UserRecord:
+        return UserRecord(identity.node_id, identity.public_key, address, b"o" * 32, cert)
+
+    victim, attacker, thief = Identity.generate(), Identity.generate(), Identity.generate()
+    victim_tls, attacker_tls = tls.make_self_signed(victim), tls.make_self_signed(attacker)
+    directory = StaticDirectory(tmp_path / "d.json")
+    for r in (record(victim, "127.0.0.1:7000", victim_tls.cert_pem),
+              record(attacker, "127.0.0.1:7000", attacker_tls.cert_pem),  # the victim's address
+              record(thief, "127.0.0.1:7001", victim_tls.cert_pem)):  # the victim's certificate
+        asyncio.run(directory.register_user(r))
+    index = PeerIndex(directory)
+    assert index.get(victim.node_id_hex).cert_pem == victim_tls.cert_pem
+    assert index.get(attacker.node_id_hex).cert_pem == attacker_tls.cert_pem
+    assert index.get(thief.node_id_hex) is None  # a certificate naming another node is never pinned
+    assert index.identify(victim_tls.cert_pem).node_id == victim.node_id_hex
+    assert index.identify(attacker_tls.cert_pem).node_id == attacker.node_id_hex
+    assert tls.cert_node_id(victim_tls.cert_pem) == victim.node_id_hex
+    assert victim_tls.cert_pem in index.client_roots() and index.client_roots() is None  # unchanged: None

@@ -167,7 +167,7 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
         echoes.stop()
         raise
     engine_channel = await model_node.connect()
-    front = _IntakeFront(tmp_path / "front", directory, rpc.ModelNodeStub(engine_channel))
+    front = _IntakeFront(tmp_path / "front", directory, rpc.ModelNodeStub(engine_channel), model_node)
     server, port = tls.new_server(front.tls, "127.0.0.1:0")
     rpc.add_ModelNodeServicer_to_server(front, server)
     await server.start()

@@ -70,7 +70,7 @@ def _record(name: str, reputation: float) -> ModelRecord:
 
 def _asker(records, now):
     params = OverlayParams(failed_model_last_s=60.0)
-    return Asker(_Models(records), paths=None, channels=None, params=params, clock=lambda: now[0])
+    return Asker(_Models(records), paths=None, params=params, clock=lambda: now[0])
 
 
 def test_a_model_node_that_failed_is_tried_last_until_its_time_is_up():

@@ -129,7 +129,7 @@ async def test_status_health_and_unimplemented_overlay_rpcs(model_node):
         health = await stub.Health(pb.Empty(), timeout=30)
         status = await stub.Status(pb.Empty(), timeout=30)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.SubmitClove(pb.CloveEnvelope(link_id=b"x", payload=b"y"), timeout=30)
+            await stub.Link(timeout=30).read()  # the overlay link: no clove intake on this node
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await channel.close()

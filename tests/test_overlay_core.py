@@ -1,4 +1,5 @@
-"""Pure cores of the overlay: path table, replay filter, sealing, clove reassembly, relay choice."""
+"""Pure cores of the overlay: path table, replay windows, sealing, clove reassembly, relay choice.
+(The attacks these cores defend against are in tests/test_overlay_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from gentorrent.config import OverlayParams
 from gentorrent.crypto import sida
 from gentorrent.crypto.keys import OnionKey
 from gentorrent.overlay import sealing
-from gentorrent.overlay.pathtable import Drop, DropReason, HopEntry, PathTable, ReplayFilter
-from gentorrent.overlay.reassembly import CloveGroups
+from gentorrent.crypto import onion
+from gentorrent.overlay.pathtable import Drop, DropReason, HopEntry, PathTable, RecentSet, SeqWindow
+from gentorrent.overlay.reassembly import AskBook, CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger.directory import StaticDirectory
 from gentorrent.ledger.sections import UserRecord
@@ -22,19 +24,54 @@ from user_client.paths import NotEnoughRelays, PathPool, ProxyPath, choose_relay
 
 
 def _entry(i: int, peer: str = "p", now: float = 0.0, successor: str | None = "s") -> HopEntry:
-    return HopEntry(bytes([i]) * 16, bytes([i + 100]) * 16, peer, successor, b"k" * 32, now, now)
+    return HopEntry(bytes([i]) * 16, bytes([i + 100]) * 16, peer, successor, bytes([i]) * 32, now, now)
 
 
 def test_path_table_routes_both_ways_and_counts_use():
     table = PathTable(OverlayParams(), idle_expiry_s=10)
     e = _entry(1)
     table.add(e)
-    assert table.forward_entry(e.link_in, 1.0) is e
-    assert table.return_entry(e.link_out, 2.0) is e
+    assert table.forward_entry(e.link_in, "p", 1.0) is e
+    assert (e.forwarded, e.last_used) == (0, 0.0)  # found, not counted: it may still fail its MAC
+    table.used(e, 1.0, forward=True)
+    assert table.return_entry(e.link_out, "s", False, 2.0) is e
+    table.used(e, 2.0, forward=False)
     assert (e.forwarded, e.returned, e.last_used) == (1, 1, 2.0)
     with pytest.raises(Drop) as err:
-        table.forward_entry(e.link_out, 3.0)  # an outgoing ID is not valid inbound
+        table.forward_entry(e.link_out, "p", 3.0)  # an outgoing ID is not valid inbound
     assert err.value.reason is DropReason.UNKNOWN_LINK
+
+
+def test_a_link_id_is_only_valid_from_the_neighbour_it_belongs_to():
+    table = PathTable(OverlayParams(), idle_expiry_s=10)
+    e, proxy = _entry(1), _entry(2, successor=None)
+    table.add(e)
+    table.add(proxy)
+    for bad in (lambda: table.forward_entry(e.link_in, "someone else", 1.0),
+                lambda: table.return_entry(e.link_out, "p", False, 1.0),  # the predecessor, not the successor
+                lambda: table.return_entry(e.link_out, "s", True, 1.0),  # a model node on a relay's link
+                lambda: table.return_entry(onion.reply_link(proxy.hop_key, 0), "m", False, 1.0)):  # a relay on a reply link
+        with pytest.raises(Drop) as err:
+            bad()
+        assert err.value.reason is DropReason.UNKNOWN_LINK
+    assert (e.forwarded, e.returned, proxy.returned) == (0, 0, 0)
+
+
+def test_a_proxy_accepts_fresh_reply_links_in_a_sliding_window():
+    params = OverlayParams(reply_link_window=8)
+    table = PathTable(params, idle_expiry_s=100)
+    proxy = _entry(3, successor=None)
+    table.add(proxy)
+    with pytest.raises(Drop):
+        table.return_entry(proxy.link_out, "m", True, 1.0)  # the onion's link_out is not a reply link
+    for j in (0, 3, 7):
+        assert table.return_entry(onion.reply_link(proxy.hop_key, j), "m", True, 1.0) is proxy
+    assert table.return_entry(onion.reply_link(proxy.hop_key, 10), "m", True, 1.0) is proxy  # window slid
+    with pytest.raises(Drop):
+        table.return_entry(onion.reply_link(proxy.hop_key, 1), "m", True, 1.0)  # fell out of it
+    assert table.return_entry(onion.reply_link(proxy.hop_key, 13), "m", True, 1.0) is proxy
+    table.remove(proxy)
+    assert not table._by_out  # every reply link went with the entry
 
 
 def test_path_table_refuses_duplicates_and_enforces_limits_without_change():
@@ -58,54 +95,71 @@ def test_idle_paths_expire_and_free_the_peer_quota():
     table = PathTable(OverlayParams(max_paths_per_peer=1), idle_expiry_s=10)
     table.add(_entry(1, "a", now=0))
     table.add(_entry(2, "b", now=0))
-    table.forward_entry(bytes([2]) * 16, 8.0)
+    table.used(table.forward_entry(bytes([2]) * 16, "b", 8.0), 8.0, forward=True)
     assert [e.predecessor for e in table.expire(12.0)] == ["a"]
     table.add(_entry(3, "a", now=12))  # quota of "a" is free again
     with pytest.raises(Drop) as err:
-        table.forward_entry(bytes([2]) * 16, 30.0)
+        table.forward_entry(bytes([2]) * 16, "b", 30.0)
     assert err.value.reason is DropReason.EXPIRED and len(table) == 1
 
 
-def test_replay_filter_is_per_link_and_bounded():
-    f = ReplayFilter(capacity=2)
-    f.check_and_add(b"L1", b"x")
-    f.check_and_add(b"L2", b"x")
+def test_sequence_window_refuses_repeats_and_old_numbers_and_tolerates_reordering():
+    w = SeqWindow(size=8)
+    for seq in (100, 102, 101, 105):
+        w.check_and_add(seq)
+    for replay in (100, 101, 105, 97):  # seen, seen, seen, older than the window
+        with pytest.raises(Drop) as err:
+            w.check_and_add(replay)
+        assert err.value.reason is DropReason.REPLAY
+    w.check_and_add(99)  # not seen, still inside the window
+    w.check_and_add(1000)  # a jump clears the bitmap
     with pytest.raises(Drop):
-        f.check_and_add(b"L1", b"x")
-    f.check_and_add(b"L3", b"y")  # evicts the oldest
-    f.check_and_add(b"L1", b"x")
+        w.check_and_add(105)
+    r = RecentSet(capacity=2)
+    r.check_and_add(b"a")
+    with pytest.raises(Drop):
+        r.check_and_add(b"a")
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.binary(max_size=3000), st.integers(min_value=16, max_value=1024))
-def test_padding_round_trips_to_bucket_multiples(data, bucket):
-    padded = sealing.pad(data, bucket)
-    assert len(padded) % bucket == 0 and len(padded) > len(data)
+def test_padding_round_trips_to_size_classes(data, minimum):
+    padded = sealing.pad(data, minimum)
+    assert len(padded) > len(data) and len(padded) == sealing.size_class(len(data) + 1, minimum)
+    assert len(padded) == minimum or len(padded) & (len(padded) - 1) == 0  # the minimum or a power of two
+    assert len(padded) <= max(minimum, 2 * len(data) + 1)  # never more than about twice the size
     assert sealing.unpad(padded) == data
 
 
-def test_query_seal_opens_only_with_the_model_key_and_validates():
+def _query(k: int = 3, routes: int = 4, prompt: str = "hi") -> pb.OverlayQuery:
+    return pb.OverlayQuery(request=pb.GenerateRequest(model="m", prompt=prompt), reply_key=b"r" * 32, k=k,
+                           routes=[pb.ReplyRoute(proxy=bytes([i + 1]) * 32, link_id=bytes([i]) * 16)
+                                   for i in range(routes)])
+
+
+def test_an_ask_opens_only_with_the_model_key_once_and_validates():
     model, other = OnionKey.generate(), OnionKey.generate()
-    query = pb.OverlayQuery(request=pb.GenerateRequest(model="m", prompt="hi"), reply_key=b"r" * 32, k=1,
-                            routes=[pb.ReplyRoute(proxy_address="127.0.0.1:1", link_id=b"l" * 16)])
-    sealed = sealing.seal_query(model.public_key, query)
-    assert sealing.open_query(model.private_key, sealed) == query
+    sealed = sealing.seal_ask(model.public_key, _query(), 4, 3)
+    secret, n, k = sealing.open_box(model.private_key, sealed.envelopes[2])
+    assert (n, k) == (4, 3)
+    tags = sealing.clove_tags(secret, n)
+    assert [sealing.envelope_tag(e) for e in sealed.envelopes] == tags  # later cloves: found by tag
+    opened = [sealing.open_envelope(secret, i, e) for i, e in enumerate(sealed.envelopes)]
+    assert [t for _, t in opened] == sealed.tokens
+    assert sealing.open_query(sida.combine([c for c, _ in opened[:3]])) == _query()
     with pytest.raises(sealing.SealError):
-        sealing.open_query(other.private_key, sealed)
-    bad = pb.OverlayQuery()
-    bad.CopyFrom(query)
-    bad.k = 2  # more than the routes
+        sealing.open_box(other.private_key, sealed.envelopes[0])
     with pytest.raises(sealing.SealError):
-        sealing.open_query(model.private_key, sealing.seal_query(model.public_key, bad))
+        sealing.open_envelope(secret, 1, sealed.envelopes[0])  # another index: another key
+    for bad in (_query(k=5), _query(routes=5)):  # k above the routes; more routes than n = 4
+        with pytest.raises(sealing.SealError):
+            sealing.open_query(sealing.pad(bad.SerializeToString(), 64))
 
 
-def test_clove_seals_carry_the_group_but_share_no_bytes():
+def test_envelopes_of_one_ask_share_no_bytes():
     model = OnionKey.generate()
-    group = b"g" * 16
-    cloves = sida.split(b"q" * 700, 4, 3)
-    tokens = [bytes([i]) * sealing.TOKEN_BYTES for i in range(len(cloves))]
-    envelopes = [sealing.seal_clove(model.public_key, group, c, t) for c, t in zip(cloves, tokens)]
-    assert [sealing.open_clove(model.private_key, e) for e in envelopes] == [(group, c, t) for c, t in zip(cloves, tokens)]
+    envelopes = sealing.seal_ask(model.public_key, _query(prompt="q" * 700), 4, 3).envelopes
+    assert len({len(e) for e in envelopes}) == 1
     for i in range(4):
         for j in range(i + 1, 4):
             assert _longest_common(envelopes[i], envelopes[j]) <= 8
@@ -113,20 +167,43 @@ def test_clove_seals_carry_the_group_but_share_no_bytes():
 
 def test_reply_cloves_have_distinct_tags_and_open_per_index():
     key = b"K" * 32
-    reply = pb.OverlayReply(seq=3, chunk=pb.GenerateChunk(text="answer", final=True))
-    cloves = sida.split(sealing.seal_reply(key, reply), 4, 3)
-    blobs = [sealing.seal_reply_clove(key, i, 3, c) for i, c in enumerate(cloves)]
-    assert len({b[:16] for b in blobs}) == 4
+    reply = pb.OverlayReply(seq=3, chunk=pb.GenerateChunk(text="answer", final=True), delivered=[b"t" * 16])
+    blobs = sealing.ReplySealer(key, 4).cloves(reply, 3)
+    assert len({b[:16] for b in blobs}) == 4 and len({len(b) for b in blobs}) == 1
     assert blobs[2][:16] == sealing.reply_tag(key, 2, 3)
-    reader = sealing.TagReader(key)
-    assert [reader.read(b[:16]) for b in blobs] == [(i, 3) for i in range(4)]
+    opener = sealing.ReplyOpener(key, 4)
+    assert [opener.tags.read(b[:16]) for b in blobs] == [(i, 3) for i in range(4)]
     assert sealing.TagReader(b"k" * 32).read(blobs[0][:16]) is None  # another request's tag
-    opened = [sealing.open_reply_clove(key, i, 3, b) for i, b in enumerate(blobs)]
-    assert sealing.open_reply(key, 3, sida.combine(opened[1:])) == reply
+    opened = [opener.clove(i, b) for i, b in enumerate(blobs)]
+    assert opener.message(3, sida.combine(opened[1:])) == reply
     with pytest.raises(sealing.SealError):
-        sealing.open_reply_clove(key, 1, 3, blobs[2])  # wrong index: wrong key
+        opener.clove(1, blobs[2])  # wrong index: wrong key
     with pytest.raises(sealing.SealError):
-        sealing.open_reply(key, 4, sida.combine(opened))  # replayed under another seq
+        opener.message(4, sida.combine(opened))  # replayed under another seq
+    report = sealing.ReplySealer(key, 4).delivery_report(1, 0, [b"t" * 16], 3)
+    hit = opener.tags.read(report[:16])
+    assert hit == (1, sealing.DELIVERY_SEQ) and opener.report(1, hit[1], report) == [b"t" * 16]
+
+
+def test_ask_book_finds_asks_by_tag_refuses_replays_and_forgets_after_grace():
+    book = AskBook(max_asks=2, timeout_s=10, seen_s=100, grace_s=1)
+    ask = book.add(b"s" * 32, 4, 3, [b"a" * 16, b"b" * 16], now=0)
+    assert book.lookup(b"b" * 16) == (ask, 1) and book.lookup(b"c" * 16) is None
+    with pytest.raises(Drop) as err:
+        book.add(b"s" * 32, 4, 3, [b"a" * 16], now=0)
+    assert err.value.reason is DropReason.REPLAY
+    book.add(b"t" * 32, 4, 3, [b"x" * 16], now=0)
+    with pytest.raises(Drop) as err:
+        book.add(b"u" * 32, 4, 3, [b"y" * 16], now=0)
+    assert err.value.reason is DropReason.BUSY
+    ask.decoded = True
+    book.replied(ask, now=1)
+    book.expire(now=3)  # past the grace: forgotten, and its tags with it ...
+    assert book.lookup(b"a" * 16) is None and len(book) == 1
+    with pytest.raises(Drop) as err:  # ... but its secret is not: its cloves cannot be served again
+        book.add(b"s" * 32, 4, 3, [b"a" * 16], now=50)
+    assert err.value.reason is DropReason.REPLAY
+    book.add(b"s" * 32, 4, 3, [b"a" * 16], now=200)  # long after (the query's own time refuses it then)
 
 
 def test_clove_groups_decode_at_k_skip_corruption_and_drop_late():
@@ -171,9 +248,9 @@ def test_path_pool_renews_failed_and_old_paths_and_picks_distinct_proxies():
 
     class _S:
         first_link = b"x"
-        reply_link = b"y"
 
-    paths = [ProxyPath(i, ("a", "b", proxy), _S(), built_at=0) for i, proxy in enumerate(["p", "p", "q"])]
+    paths = [ProxyPath(i, ("a", "b", proxy), ("A", "B", proxy.upper()), _S(), built_at=0)
+             for i, proxy in enumerate(["p", "p", "q"])]
     for p in paths:
         pool.add(p)
     assert pool.missing(50) == 0
@@ -190,8 +267,7 @@ def _longest_common(a: bytes, b: bytes) -> int:
     return 9 if any(b[i:i + 9] in grams for i in range(len(b) - 8)) else 8
 
 
-async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query(tmp_path):
-    from gentorrent.channels import ChannelPool
+async def test_intake_opens_one_box_per_ask_drops_bad_cloves_and_serves_a_good_query(tmp_path):
     from model_node.intake import CloveIntake
 
     served = []
@@ -202,36 +278,44 @@ async def test_intake_drops_bad_cloves_with_reasons_and_serves_a_good_query(tmp_
             yield None
 
     model = OnionKey.generate()
-    intake = CloveIntake(model, generate, StaticDirectory(tmp_path / "none.json"), ChannelPool())
-    query = pb.OverlayQuery(request=pb.GenerateRequest(model="m", prompt="hello"), reply_key=b"r" * 32, k=3,
-                            routes=[pb.ReplyRoute(proxy_address=f"127.0.0.1:{i}", link_id=b"l" * 16)
-                                    for i in range(4)])
-    cloves = sida.split(sealing.seal_query(model.public_key, query), 4, 3)
-    tokens = [bytes([0xA0 + i]) * sealing.TOKEN_BYTES for i in range(4)]
-    envelopes = [sealing.seal_clove(model.public_key, b"g" * 16, c, t) for c, t in zip(cloves, tokens)]
-    acks = [await intake.submit(pb.CloveEnvelope(payload=e)) for e in envelopes[:2]]
-    assert all(a.ok for a in acks)
-    replay = await intake.submit(pb.CloveEnvelope(payload=envelopes[1]))
-    assert (replay.ok, replay.reason) == (False, "replay")
-    decoded = await intake.submit(pb.CloveEnvelope(payload=envelopes[2]))
-    assert decoded.ok  # k-th clove: decoded
-    late = await intake.submit(pb.CloveEnvelope(payload=envelopes[3]))
-    assert (late.ok, late.reason) == (True, "late")  # not the proxy's fault
-    # every clove that opened is acknowledged with its own delivery token, whatever its fate
-    assert [a.delivery_token for a in (*acks, replay, decoded, late)] == [tokens[0], tokens[1], tokens[1],
-                                                                         tokens[2], tokens[3]]
+    intake = CloveIntake("ab" * 32, model, generate, StaticDirectory(tmp_path / "none.json"))
+    query = _query(prompt="hello")
+    query.issued_s = int(intake.wall_clock())
+    sealed = sealing.seal_ask(model.public_key, query, 4, 3)
+    e = sealed.envelopes
+    for envelope in (e[0], e[1], e[1], e[2], e[3]):  # the second e[1] is a replay
+        intake.submit(envelope)
+    assert intake.public_key_ops == 1  # one X25519 for the whole ask: later cloves are found by tag
     other = OnionKey.generate()
-    wrong_key = await intake.submit(pb.CloveEnvelope(payload=sealing.seal_clove(other.public_key, b"h" * 16, b"x",
-                                                                                 tokens[0])))
-    assert wrong_key.reason == "bad_seal" and wrong_key.delivery_token == b""  # never opened: no proof
-    # k cloves that decode to something that is not a query
-    junk = [sealing.seal_clove(model.public_key, b"j" * 16, c) for c in sida.split(b"not a query", 4, 3)]
-    results = [await intake.submit(pb.CloveEnvelope(payload=e)) for e in junk[:3]]
-    assert results[-1].reason == "bad_query"
-    huge = await intake.submit(pb.CloveEnvelope(payload=bytes(3 * 1024 * 1024)))
-    assert huge.reason == "oversize" and huge.delivery_token == b""
+    intake.submit(sealing.seal_ask(other.public_key, query, 4, 3).envelopes[0])  # sealed to another node
+    stale = _query(prompt="old")
+    stale.issued_s = int(intake.wall_clock()) - 3600
+    for envelope in sealing.seal_ask(model.public_key, stale, 4, 3).envelopes[:3]:
+        intake.submit(envelope)
+    intake.submit(bytes(3 * 1024 * 1024))
     for _ in range(5):
         await asyncio.sleep(0)  # let the serving task run
     await intake.close()
     assert served == ["hello"]
-    assert intake.drops.as_dict() == {"bad_query": 1, "bad_seal": 1, "late": 1, "oversize": 1, "replay": 1}
+    # the routes name no registered proxy here: the answer and the stale-query error (4 + 4) go nowhere
+    assert intake.drops.as_dict() == {"bad_seal": 1, "late": 1, "oversize": 1, "replay": 1, "stale": 1,
+                                      "unknown_peer": 8}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=700), st.integers(0, 3))
+def test_envelope_and_reply_decoders_raise_only_seal_errors(blob, index):
+    """Hostile bytes at the model node's and the user's decoders: a SealError, nothing else."""
+    model = _MODEL_KEY
+    opener = sealing.ReplyOpener(b"K" * 32, 4)
+    for decode in (lambda: sealing.open_box(model.private_key, blob), lambda: sealing.envelope_tag(blob),
+                   lambda: sealing.open_envelope(b"s" * 32, index, blob), lambda: sealing.open_query(blob),
+                   lambda: opener.clove(index, blob), lambda: opener.message(index, blob),
+                   lambda: opener.report(index, sealing.DELIVERY_SEQ, blob)):
+        try:
+            decode()
+        except sealing.SealError:
+            pass
+
+
+_MODEL_KEY = OnionKey.generate()

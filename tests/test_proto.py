@@ -11,6 +11,6 @@ def test_generated_code_is_up_to_date():
 def test_generated_code_imports_on_installed_runtime():
     from gentorrent.wire import gentorrent_pb2 as pb, gentorrent_pb2_grpc as rpc
 
-    msg = pb.CloveEnvelope(link_id=b"x" * 16, payload=b"y")
-    assert pb.CloveEnvelope.FromString(msg.SerializeToString()) == msg
+    msg = pb.Clove(link_id=b"x" * 16, payload=b"y")
+    assert pb.Clove.FromString(msg.SerializeToString()) == msg
     assert hasattr(rpc, "RelayStub") and hasattr(rpc, "ModelNodeStub") and hasattr(rpc, "VerifierStub")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from gentorrent.config import CloveParams, OverlayParams
@@ -48,21 +48,24 @@ async def overlay(tmp_path):
 async def test_unregistered_node_cannot_open_a_path_nor_be_a_hop(overlay):
     nodes, outsider, _ = overlay
     relay, other = nodes[1], nodes[2]
-    # 1. the outsider asks a registered relay to carry its path
-    hops = [onion.HopSpec(relay.address, relay.keys.onion.public_key)]
-    blob, _ = onion.build_onion(hops)
-    stub = rpc.RelayStub(outsider.channels.get(relay.address, relay.tls.cert_pem))
-    reply = await stub.Establish(pb.EstablishRequest(onion=blob, return_address=outsider.address), timeout=5)
-    assert (reply.ok, reply.reason) == (False, "unknown_peer")
+    # 1. the outsider asks a registered relay to carry its path: mutual TLS refuses its
+    #    certificate in the handshake, before a single frame
+    outsider.relay.hub.peers = lambda node_id: relay.index.get(node_id)  # it knows whom to dial
+    hops = [onion.HopSpec(relay.keys.identity.node_id, relay.keys.onion.public_key)]
+    blob, _ = onion.build_onion(hops, issued_s=int(time.time()))
+    link = outsider.relay.hub.link_to(relay.node_id_hex)
+    reply = await link.establish(blob, 5)
+    assert (reply.ok, reply.reason) == (False, "next_hop_unreachable") and not link.alive
     # 2. a registered user builds a path whose second hop is the unregistered node
     me = nodes[0]
-    blob, _ = onion.build_onion([onion.HopSpec(relay.address, relay.keys.onion.public_key),
-                                 onion.HopSpec(outsider.address, outsider.keys.onion.public_key)])
-    stub = rpc.RelayStub(me.channels.get(relay.address, relay.tls.cert_pem))
-    reply = await stub.Establish(pb.EstablishRequest(onion=blob, return_address=me.address), timeout=5)
+    blob, _ = onion.build_onion([onion.HopSpec(relay.keys.identity.node_id, relay.keys.onion.public_key),
+                                 onion.HopSpec(outsider.keys.identity.node_id, outsider.keys.onion.public_key)],
+                                issued_s=int(time.time()))
+    reply = await me.relay.hub.link_to(relay.node_id_hex).establish(blob, 5)
     assert (reply.ok, reply.reason) == (False, "unknown_peer")
     assert outsider.relay.status()["table"] == other.relay.status()["table"]  # it saw nothing either
-    assert relay.relay.drops.as_dict() == {"unknown_peer": 2}
+    assert relay.relay.drops.as_dict() == {"unknown_peer": 1}
+    assert relay.relay.hub.accepted == 1  # the registered user's link only
 
 
 async def test_a_server_with_another_certificate_than_the_registered_one_is_refused(overlay, tmp_path):
@@ -76,19 +79,21 @@ async def test_a_server_with_another_certificate_than_the_registered_one_is_refu
     await impostor.start(build_paths=False)
     try:
         assert impostor.address == address and impostor.tls.cert_pem != registered_cert
-        stub = rpc.RelayStub(me.channels.get(address, registered_cert))  # as every peer dials it
-        blob, _ = onion.build_onion([onion.HopSpec(address, victim.keys.onion.public_key)])
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.Establish(pb.EstablishRequest(onion=blob, return_address=me.address), timeout=5)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        # dialled by node id, as every peer does: only the victim's registered certificate is accepted
+        blob, _ = onion.build_onion([onion.HopSpec(victim.keys.identity.node_id, victim.keys.onion.public_key)],
+                                    issued_s=int(time.time()))
+        link = me.relay.hub.link_to(victim.node_id_hex)
+        reply = await link.establish(blob, 5)
+        assert (reply.ok, reply.reason) == (False, "next_hop_unreachable") and not link.alive
         # relays dialling it refuse it the same way: a path through it cannot be established
         relay = nodes[1]
-        blob, _ = onion.build_onion([onion.HopSpec(relay.address, relay.keys.onion.public_key),
-                                     onion.HopSpec(address, victim.keys.onion.public_key)])
-        stub = rpc.RelayStub(me.channels.get(relay.address, relay.tls.cert_pem))
-        reply = await stub.Establish(pb.EstablishRequest(onion=blob, return_address=me.address), timeout=10)
+        blob, _ = onion.build_onion([onion.HopSpec(relay.keys.identity.node_id, relay.keys.onion.public_key),
+                                     onion.HopSpec(victim.keys.identity.node_id, victim.keys.onion.public_key)],
+                                    issued_s=int(time.time()))
+        reply = await me.relay.hub.link_to(relay.node_id_hex).establish(blob, 10)
         assert (reply.ok, reply.reason) == (False, "next_hop_unreachable")
         assert impostor.relay.status()["table"] == nodes[2].relay.status()["table"]  # never reached it
+        assert impostor.relay.hub.accepted == 0
     finally:
         await impostor.stop()
 

@@ -74,7 +74,7 @@ def test_onion_matches_exact_enumeration(count):
 
 
 def test_per_hop_link_ids_never_worse_than_path_ids():
-    _, _, gt, per_hop = _systems()
+    _, _, gt, per_hop, _ = _systems()
     for i, f in enumerate([0.1, 0.3, 0.5]):
         for count in ("paper", "observed"):
             a, _ = an.simulate(gt, f, N, runs=20_000, seed=2, point=i, count=count)
@@ -105,3 +105,17 @@ def test_bad_parameters_are_refused(tmp_path):
         an.main(["--k", "5", "--n", "4", "--out", str(tmp_path)])
     assert an.run_main(an.main, ["--runs", "0", "--out", str(tmp_path)]) == 2
     assert not (tmp_path / "anonymity.csv").exists()
+
+
+def test_a_relay_that_knows_its_position_costs_far_more_than_path_ids():
+    """End-to-end acks told every relay its position: a malicious first hop named the sender."""
+    _, _, gt, per_hop, acks_e2e = _systems()
+    for i, f in enumerate([0.05, 0.2]):
+        before, _ = an.simulate(acks_e2e, f, N, runs=20_000, seed=2, point=i)
+        now, _ = an.simulate(per_hop, f, N, runs=20_000, seed=2, point=i)
+        assert before < now - 0.02
+    # exactly: the mean over n paths of "first hop malicious -> 0, else the no-information value"
+    mal = np.array([[[True, False, False], [False, True, True], [False, False, False], [False, False, True]]])
+    base = an.normalized_entropy(np.zeros((1, 1)), 0.05, N)[0]
+    got = an.entropy_of_placements(mal, np.arange(12).reshape(1, 4, 3), 0.05, N, "position", "paper")[0]
+    assert got == pytest.approx(3 * base / 4)

@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 async def api(tmp_path):
     directory = tmp_path / "directory.json"
-    model = EchoModelNode(tmp_path / "model", directory, chunks=4, cloves=CLOVES, params=FAST)
+    # 4 chunks, slower than the reply cadence: each leaves the model node as its own reply message
+    model = EchoModelNode(tmp_path / "model", directory, chunks=4, cloves=CLOVES, params=FAST,
+                          chunk_delay_s=3 * FAST.reply_cadence_s)
     await model.start()
     nodes = await start_user_nodes(6, directory, tmp_path, cloves=CLOVES, params=FAST, maintain=False)
     await nodes[0].paths.fill()

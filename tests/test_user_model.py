@@ -29,19 +29,23 @@ PATIENT = OverlayParams(first_reply_timeout_s=120.0, reply_idle_timeout_s=60.0, 
 
 
 class _IntakeFront(rpc.ModelNodeServicer):
-    def __init__(self, home, directory: StaticDirectory, engine_stub: rpc.ModelNodeStub) -> None:
+    """Stands in front of the real node `engine`: registered under its node id, presenting its
+    TLS certificate (read from its home), with an onion key of its own."""
+
+    def __init__(self, home, directory: StaticDirectory, engine_stub: rpc.ModelNodeStub, engine) -> None:
         self.keys = NodeKeys.load_or_create(home)
-        self.tls = tls.TlsIdentity.load_or_create(home, self.keys.identity)
+        self.tls = tls.TlsIdentity.load_or_create(engine.home, self.keys.identity)  # the engine's own
         self.engine_stub = engine_stub
-        self.channels = ChannelPool()
-        self.intake = CloveIntake(self.keys.onion, self.generate, directory, self.channels, CLOVES, PATIENT)
+        self.channels = ChannelPool(own=self.tls)
+        self.intake = CloveIntake(engine.node_id, self.keys.onion, self.generate, directory, self.channels,
+                                  CLOVES, PATIENT)
 
     async def generate(self, request: pb.GenerateRequest):
         async for chunk in self.engine_stub.Generate(request, timeout=300):
             yield chunk
 
-    async def SubmitClove(self, request, context):
-        return await self.intake.submit(request)
+    async def Link(self, request_iterator, context):
+        await self.intake.Link(request_iterator, context)
 
 
 async def test_overlay_ask_is_answered_by_the_real_model_node(model_node, tmp_path):
@@ -49,7 +53,7 @@ async def test_overlay_ask_is_answered_by_the_real_model_node(model_node, tmp_pa
     directory = StaticDirectory(directory_path)
     engine_channel = await model_node.connect()
     engine_stub = rpc.ModelNodeStub(engine_channel)
-    front = _IntakeFront(tmp_path / "front", directory, engine_stub)
+    front = _IntakeFront(tmp_path / "front", directory, engine_stub, model_node)
     server, port = tls.new_server(front.tls, "127.0.0.1:0")
     rpc.add_ModelNodeServicer_to_server(front, server)
     await server.start()

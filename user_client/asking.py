@@ -1,17 +1,25 @@
 """Asking a model node through the anonymous overlay (ARCHITECTURE.md §3.3, paper §3.2 steps 3-4).
 
-One attempt: choose a model node, seal the query (prompt, sampling, model, the n proxies'
-reply routes, a fresh reply key) to its onion key, split it into n cloves, seal each clove
-to the node again, and send clove i over path i. Reply cloves come back through the proxies;
-k of each chunk rebuild it, chunks are delivered in order. If the node does not answer in
-time, the next node is tried (with paths that failed replaced); the user sees an error only
-when no model node answered. The node that served a session gets its follow-ups (affinity).
+One attempt: choose a model node, build the query (prompt, sampling, model, a fresh reply
+key, and n reply routes: each path's proxy with a reply link ID fresh for this ask), pad it
+to its size class, split it into n cloves, seal each to the node (gentorrent.overlay.sealing)
+and send clove i over path i. The first hop acknowledges it (hop-local: nothing further on
+is visible to anyone); reply messages come back through the proxies, k cloves of each
+rebuild it, and they are delivered in order. If the node does not answer in time, the next
+node is tried (with paths that failed replaced); the user sees an error only when no model
+node answered. The node that served a session gets its follow-ups (affinity).
+
+A path is judged on what only the model node and the user can know: every reply message
+lists the delivery tokens of the query cloves the node received (late ones follow in a
+one-clove delivery report), so a path whose clove never reached the node -- a relay that
+drops silently -- is failed and replaced, and so is a path whose reply clove never came back.
 
 A failing model node must cost the user as little as possible, and never its paths:
 - a node that failed an ask is tried last for `failed_model_last_s` (the committee's reputation
   is the lasting judgement; this is the user's short memory);
-- a clove that no path could deliver means the node is unreachable (dead, or paused), not
-  that every path broke at once: the paths are kept, unless they fail again for another node;
+- proxies that cannot hand a clove to the node say so in a sealed notice; when too few
+  cloves can reach it the node is unreachable (dead, or paused), not every path broken at
+  once: the paths are kept, unless they fail again for another node;
 - reply cloves are authenticated with keys only the user and the node hold, so a reply whose
   cloves open but whose message does not decode was sent that way by the node: the attempt
   fails at once instead of waiting out the reply timeout.
@@ -23,7 +31,6 @@ on the wire.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import random
 import secrets
@@ -31,13 +38,12 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
-import grpc
+from google.protobuf.message import DecodeError
 
 from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
-from gentorrent.crypto import onion, sida
+from gentorrent.crypto import onion
 from gentorrent import receipts
 from gentorrent.overlay import sealing
-from gentorrent.channels import ChannelPool
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
@@ -45,11 +51,14 @@ from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import ModelRecord
 from user_client.paths import PathManager, ProxyPath
+from user_client.relay import RETURN_NOTICE, RETURN_REPLY
 
 log = logging.getLogger(__name__)
 
 #: error of an attempt whose node sent authentic reply cloves holding no valid reply
 UNDECODABLE_REPLY = "undecodable reply from the model node"
+#: error of an attempt whose cloves the proxies could not hand to the node
+UNREACHABLE = "model node unreachable"
 
 
 class AskError(RuntimeError):
@@ -106,26 +115,35 @@ def receipt_is_valid(receipt: pb.ReplyReceipt, node: ModelRecord, request: pb.Ge
 
 
 class _Pending:
-    """One attempt in flight: its reply key, paths, and reply chunks put back in order."""
+    """One attempt in flight: its reply keys, paths, delivery tokens, and reply chunks put back in order."""
 
-    def __init__(self, rid: bytes, reply_key: bytes, paths: list[ProxyPath], node: ModelRecord) -> None:
+    def __init__(self, rid: bytes, reply_key: bytes, paths: list[ProxyPath], node: ModelRecord, k: int) -> None:
         self.rid = rid
+        self.k = k
         self.reply_key = reply_key
         self.paths = paths
         self.node = node
         self.queue: asyncio.Queue[pb.GenerateChunk] = asyncio.Queue()
         self.next_seq = 0
         self.buffer: dict[int, pb.GenerateChunk] = {}
-        self.tags = sealing.TagReader(reply_key)
-        self.seqs: set[int] = set()  # chunks whose cloves were seen (to forget their groups)
+        self.opener = sealing.ReplyOpener(reply_key, len(paths))
+        self.seqs: set[int] = set()  # messages whose cloves were seen (to forget their groups)
         self.answered = False
         self.settle_timer: asyncio.TimerHandle | None = None
         self.cloves_from: set[int] = set()  # path indices that returned at least one clove
         self.timed_out = False  # the node went silent (rather than replied, if wrongly)
+        self.tokens: dict[bytes, ProxyPath] = {}  # delivery token -> the path its clove last went over
+        self.delivered: set[bytes] = set()  # tokens the node listed
+        self.sent: dict[tuple[int, int], bytes] = {}  # (path id, clove number) -> token of that clove
+        self.undeliverable: set[bytes] = set()  # tokens a proxy could not hand to the node
+        self.failure: _NodeFailed | None = None
 
-    def fail_now(self, error: str) -> None:
-        """The node sent something no honest node sends: end the attempt now, out of order."""
-        self.queue.put_nowait(pb.GenerateChunk(final=True, error=error))
+    def fail_now(self, failure: "_NodeFailed") -> None:
+        """End the attempt now, out of order (the node sent what no honest node sends, or it
+        cannot be reached)."""
+        if self.failure is None:
+            self.failure = failure
+            self.queue.put_nowait(pb.GenerateChunk(final=True, error=str(failure)))
 
     def deliver(self, seq: int, chunk: pb.GenerateChunk) -> None:
         self.buffer[seq] = chunk
@@ -133,23 +151,27 @@ class _Pending:
             self.queue.put_nowait(self.buffer.pop(self.next_seq))
             self.next_seq += 1
 
+    def settled(self) -> bool:
+        """Nothing left to learn about the paths: every one returned a clove and proved delivery."""
+        return len(self.cloves_from) == len(self.paths) and set(self.tokens) <= self.delivered
+
 
 class Asker:
     def __init__(
         self,
         directory: Directory,
         paths: PathManager,
-        channels: ChannelPool,
         cloves: CloveParams = CLOVES,
         params: OverlayParams = OVERLAY,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.directory = directory
         self.paths = paths
         if paths is not None:
             paths.replies_to = self.on_return  # reply blobs come from the relay straight here
-        self.channels = channels
+        self.wall_clock = wall_clock
         self.cloves = cloves
         self.params = params
         self.rng = rng or random.SystemRandom()
@@ -169,7 +191,7 @@ class Asker:
 
     # ------------------------------------------------------------------ reply cloves in
 
-    async def on_return(self, path: ProxyPath, blob: bytes) -> None:
+    def on_return(self, path: ProxyPath, blob: bytes) -> None:
         """A blob came back on one of our paths; never raises (drops are counted)."""
         try:
             self._accept(path, blob)
@@ -181,16 +203,28 @@ class Asker:
             inner = onion.unwrap_return(path.secrets, blob)
         except onion.CloveLayerError as exc:
             raise Drop(DropReason.BAD_LAYER) from exc
+        if inner[:1] == bytes((RETURN_NOTICE,)):
+            self._notice(path, inner[1:])
+            return
+        if inner[:1] != bytes((RETURN_REPLY,)):
+            raise Drop(DropReason.BAD_LAYER)
+        inner = inner[1:]
         pending, index, seq = self._match(path, bytes(inner[: sealing.TAG_BYTES]))
+        if seq >= sealing.DELIVERY_SEQ:
+            try:
+                pending.delivered.update(pending.opener.report(index, seq, inner))
+            except sealing.SealError as exc:
+                raise Drop(DropReason.BAD_REPLY) from exc
+            self._maybe_settle(pending)
+            return
         try:
-            clove = sealing.open_reply_clove(pending.reply_key, index, seq, inner)
+            clove = pending.opener.clove(index, inner)
         except sealing.SealError as exc:
             raise Drop(DropReason.BAD_REPLY) from exc
         pending.cloves_from.add(index)
         path.replies += 1
         if pending.answered:  # a late clove of an ended attempt: only the path judgement needs it
-            if len(pending.cloves_from) == len(pending.paths):
-                self._settle(pending)  # every path has delivered: nothing left to wait for
+            self._maybe_settle(pending)
             raise Drop(DropReason.LATE)
         pending.seqs.add(seq)
         now = self.clock()
@@ -201,23 +235,48 @@ class Asker:
             message = self.groups.add((pending.rid, seq), clove, now)
         except Drop as drop:
             if drop.reason is DropReason.UNDECODABLE:  # authentic cloves that do not combine
-                pending.fail_now(f"{UNDECODABLE_REPLY}: reply cloves do not combine")
+                pending.fail_now(_NodeFailed(DropReason.BAD_REPLY, f"{UNDECODABLE_REPLY}: reply cloves do not combine"))
             raise
         if message is None:
             return
         try:
-            reply = sealing.open_reply(pending.reply_key, seq, message)
+            reply = pending.opener.message(seq, message)
         except sealing.SealError as exc:
-            pending.fail_now(f"{UNDECODABLE_REPLY}: {exc}")
+            pending.fail_now(_NodeFailed(DropReason.BAD_REPLY, f"{UNDECODABLE_REPLY}: {exc}"))
             raise Drop(DropReason.BAD_REPLY) from exc
+        pending.delivered.update(reply.delivered)
         pending.deliver(seq, reply.chunk)
         self.chunks_in += 1
+
+    def _maybe_settle(self, pending: _Pending) -> None:
+        if pending.answered and pending.settled():
+            self._settle(pending)  # every path has proven itself: nothing left to wait for
+
+    def _notice(self, path: ProxyPath, body: bytes) -> None:
+        """The proxy of `path` could not hand one of our cloves to the model node."""
+        try:
+            notice = pb.ProxyNotice.FromString(body)
+        except DecodeError as exc:
+            raise Drop(DropReason.BAD_LAYER) from exc
+        for rid in self._on_link.get(path.first_link, ()):
+            pending = self._pending[rid]
+            token = pending.sent.get((path.path_id, notice.seq))
+            if token is None:
+                continue
+            pending.undeliverable.add(token)
+            reachable = len(pending.tokens) - len(pending.undeliverable)
+            if reachable < pending.k and not pending.cloves_from:
+                pending.fail_now(_NodeFailed(DropReason.NO_ANSWER, f"{UNREACHABLE}: the proxies could not "
+                                             f"deliver {len(pending.undeliverable)} of {len(pending.tokens)} cloves "
+                                             f"({notice.reason})"))
+            return
+        raise Drop(DropReason.UNKNOWN_REQUEST)
 
     def _match(self, path: ProxyPath, tag: bytes) -> tuple[_Pending, int, int]:
         """The request, route index and chunk a reply clove on `path` belongs to."""
         for rid in reversed(self._on_link.get(path.first_link, ())):  # the newest request first
             pending = self._pending[rid]
-            hit = pending.tags.read(tag)
+            hit = pending.opener.tags.read(tag)
             if hit is not None and hit[0] < len(pending.paths) and pending.paths[hit[0]] is path:
                 return pending, hit[0], hit[1]
         raise Drop(DropReason.UNKNOWN_REQUEST)
@@ -318,44 +377,52 @@ class Asker:
         req = pb.GenerateRequest()
         req.CopyFrom(request)
         req.request_id = secrets.token_hex(16)
-        pending = _Pending(secrets.token_bytes(16), secrets.token_bytes(sealing.KEY_BYTES), paths, node)
+        pending = _Pending(secrets.token_bytes(16), secrets.token_bytes(sealing.KEY_BYTES), paths, node, k)
+        granularity = self.params.query_time_granularity_s
         query = pb.OverlayQuery(request=req, reply_key=pending.reply_key, k=k,
-                                routes=[pb.ReplyRoute(proxy_address=p.proxy, link_id=p.reply_link) for p in paths])
+                                issued_s=int(self.wall_clock()) // granularity * granularity,
+                                routes=[pb.ReplyRoute(proxy=bytes.fromhex(p.proxy_id), link_id=p.fresh_reply_link())
+                                        for p in paths])
         self._register(pending)
         timings: dict[str, float] = {}
         try:
-            sealed = sealing.seal_query(node.onion_key, query)
-            cloves = sida.split(sealed, len(paths), k)
-            group = secrets.token_bytes(sealing.GROUP_BYTES)
-            tokens = [secrets.token_bytes(sealing.TOKEN_BYTES) for _ in cloves]
-            envelopes = [sealing.seal_clove(node.onion_key, group, c, t) for c, t in zip(cloves, tokens)]
+            sealed = sealing.seal_ask(node.onion_key, query, n, k, minimum=self.params.query_size_min)
             timings["seal_split_ms"] = (self.clock() - t0) * 1000
             t1 = self.clock()
             tried = list(paths)  # grows as spare paths replace failing ones
-            sent = await asyncio.gather(*(self._send(node, p, e, t, tried) for p, e, t in zip(paths, envelopes, tokens)))
+            sent = await asyncio.gather(*(self._send(pending, p, e, t, tried)
+                                          for p, e, t in zip(paths, sealed.envelopes, sealed.tokens)))
             timings["send_ms"] = (self.clock() - t1) * 1000
-            delivered = sum(ok for ok, _ in sent)
+            accepted = sum(ok for ok, _ in sent)
             failed = [p for _, bad in sent for p in bad]
-            if delivered == 0 and self._blame_node(failed):
-                raise _NodeFailed(DropReason.NO_ANSWER, f"model node unreachable: none of {len(failed)} "
-                                                        "sends delivered (paths kept)")
             for p in failed:
                 self.paths.mark_failed(p)
-            self._suspect_paths.difference_update({p.path_id for p in tried} - {p.path_id for p in failed})
-            if delivered < k:
-                raise _NodeFailed(DropReason.NO_ANSWER, f"only {delivered} of {len(paths)} cloves delivered")
+            if accepted < k:
+                raise _NodeFailed(DropReason.NO_ANSWER, f"only {accepted} of {len(paths)} cloves accepted by a first hop")
             async for item in self._receive(pending, req, node, paths, attempts, timings, t0):
                 yield item
+        except _NodeFailed as failed:
+            if failed.reason is DropReason.NO_ANSWER and UNREACHABLE in str(failed):
+                self._blame(pending)
+            raise
         finally:
-            if pending.cloves_from and not pending.timed_out and len(pending.cloves_from) < len(pending.paths):
+            if pending.cloves_from and not pending.timed_out and not pending.settled():
                 # the node replied (an answer, or an error or garbage that ended the attempt
-                # early); its last reply cloves may still be on their way: judge the paths later
+                # early); its last reply cloves and delivery report may still be on their way
                 pending.answered = True
                 pending.settle_timer = asyncio.get_running_loop().call_later(
                     self.params.forward_timeout_s, self._settle, pending)
             else:
                 self._settle(pending)
         attempt["ok"] = True
+
+    def _blame(self, pending: _Pending) -> None:
+        """Proxies could not reach the node: blame it and keep the paths, unless these paths
+        already failed that way for another node (then they are the likelier culprit)."""
+        used = list(pending.tokens.values())
+        if not self._blame_node(used):
+            for p in used:
+                self.paths.mark_failed(p)
 
     def _settle(self, pending: _Pending) -> None:
         if pending.rid not in self._pending:
@@ -377,35 +444,33 @@ class Asker:
         self._suspect_paths |= ids
         return True
 
-    async def _send(self, node: ModelRecord, path: ProxyPath, envelope: bytes, token: bytes,
+    async def _send(self, pending: _Pending, path: ProxyPath, envelope: bytes, token: bytes,
                     in_use: list[ProxyPath]) -> tuple[bool, list[ProxyPath]]:
-        """Send one clove, once more over a spare path if that fails; whether it was delivered,
-        and the paths that failed (the caller decides whether they or the node are to blame).
-        Delivered means the model node's Ack came back with the clove's delivery token: an ok
-        without it is a relay that lost the clove and said otherwise."""
-        instruction = pb.ProxyInstruction(destination=node.address, payload=envelope).SerializeToString()
+        """Send one clove, once more over a spare path if its first hop refuses it or does not
+        acknowledge it in time; whether a first hop accepted it, and the paths that failed.
+        Acknowledgements are hop-local: delivery to the node is proven later, in its reply."""
+        instruction = pb.ProxyInstruction(destination=pending.node.node_id, payload=envelope).SerializeToString()
         failed: list[ProxyPath] = []
         for _ in range(2):
-            blob = onion.wrap_forward(path.secrets, instruction,
-                                      pad_to=_bucket(len(instruction), self.params.pad_bucket_bytes))
-            cert = self._relay_cert(path.first_hop)
+            seq = path.take_seq()
+            blob = onion.wrap_forward(path.secrets, instruction, seq)
+            pending.tokens[token] = path
+            pending.sent[(path.path_id, seq)] = token
             path.sends += 1
-            if cert is None:
-                log.info("path %d: first relay %s left the directory", path.path_id, path.first_hop)
+            link = self.paths.relay.hub.link_to(path.first_hop)
+            result = None
+            if link is None:
+                log.info("path %d: first relay %s left the directory", path.path_id, path.first_hop[:16])
             else:
-                stub = rpc.RelayStub(self.channels.get(path.first_hop, cert))
+                ack = link.send(True, [pb.Clove(link_id=path.first_link, payload=blob)], ack=True)
                 try:
-                    ack = await stub.Forward(pb.CloveEnvelope(link_id=path.first_link, payload=blob),
-                                             timeout=self.params.forward_timeout_s)
-                    if ack.ok or ack.reason == DropReason.BUSY.value:
-                        if hmac.compare_digest(ack.delivery_token, token):
-                            return True, failed  # delivered; a busy node says so on the reply routes
-                        self.drops.count(DropReason.UNPROVEN_DELIVERY)
-                        log.info("path %d acknowledged a clove the model node never saw", path.path_id)
-                    else:
-                        log.info("path %d refused a clove: %s", path.path_id, ack.reason)
-                except grpc.aio.AioRpcError as exc:
-                    log.info("path %d failed a send: %s", path.path_id, exc.code())
+                    result = await asyncio.wait_for(ack, self.params.forward_timeout_s)
+                except asyncio.TimeoutError:
+                    log.info("path %d: first hop did not acknowledge in time", path.path_id)
+                if result == []:
+                    return True, failed
+                if result:
+                    log.info("path %d refused a clove: %s", path.path_id, result[0][1].value)
             failed.append(path)
             spare = self.paths.spare(in_use)
             if spare is None:
@@ -413,9 +478,6 @@ class Asker:
             in_use.append(spare)
             path = spare
         return False, failed
-
-    def _relay_cert(self, address: str) -> bytes | None:
-        return next((u.tls_cert_pem for u in self.directory.users() if u.address == address), None)
 
     async def _receive(self, pending: _Pending, req: pb.GenerateRequest, node: ModelRecord,
                        paths: list[ProxyPath], attempts: list[dict], timings: dict, t0: float
@@ -431,6 +493,8 @@ class Asker:
             if "first_chunk_ms" not in timings:
                 timings["first_chunk_ms"] = (self.clock() - t0) * 1000
             timeout = self.params.reply_idle_timeout_s
+            if pending.failure is not None:
+                raise pending.failure
             if chunk.error:
                 reason = DropReason.BUSY if chunk.error.startswith(sealing.BUSY_ERROR) else DropReason.BAD_REPLY
                 raise _NodeFailed(reason, f"model node error: {chunk.error}")
@@ -447,9 +511,18 @@ class Asker:
                      chunk.receipt, req, [list(p.relays) for p in paths], attempts, timings)
 
     def _judge_paths(self, pending: _Pending) -> None:
-        """A path whose reply clove never came back (when others did) is failed: replace it."""
+        """Once the node replied: a path whose clove it never listed as delivered (a relay that
+        drops), or whose reply clove never came back, is failed and replaced. A clove its proxy
+        reported undeliverable is the node's failure, not the path's."""
         if not pending.cloves_from:
             return
+        for token, path in pending.tokens.items():
+            if token in pending.delivered:
+                self._suspect_paths.discard(path.path_id)  # it reached a node: not the paths' fault
+            elif token not in pending.undeliverable:
+                self.drops.count(DropReason.UNPROVEN_DELIVERY)
+                log.info("path %d: the model node never listed its clove as delivered", path.path_id)
+                self.paths.mark_failed(path)
         for index, path in enumerate(pending.paths):
             if index not in pending.cloves_from:
                 self.paths.mark_failed(path)
@@ -458,7 +531,3 @@ class Asker:
         return {"asked": self.asked, "answered": self.answered, "chunks_in": self.chunks_in,
                 "pending": len(self._pending),
                 "drops": self.drops.as_dict(), "sessions": len(self.affinity)}
-
-
-def _bucket(size: int, bucket: int) -> int:
-    return -(-size // bucket) * bucket

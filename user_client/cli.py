@@ -65,10 +65,13 @@ def _load_config(home: Path) -> dict:
     """HOME/config.toml (optional): [cloves] and [overlay] tune this node, and a typo
     in any section or key stops it at start with an error naming the key."""
     from gentorrent import settings
+    from gentorrent.crypto import tls
+    from gentorrent.crypto.keys import KeyFormatError
 
     try:
+        tls.check_key_files(home)  # a key file others can read: refused, saying what to run
         return settings.load_home(home, settings.USER_SECTIONS)
-    except settings.ConfigError as exc:
+    except (settings.ConfigError, KeyFormatError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
 
 

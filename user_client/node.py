@@ -22,13 +22,13 @@ from typing import AsyncIterator
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.channels import ChannelPool
+from gentorrent.channels import ChannelPool, PeerIndex
 from user_client.relay import Relay, Tap
 from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
-from gentorrent.ledger.directory import Directory, DirectoryIndex
+from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
 from user_client.paths import PathManager
 
@@ -71,11 +71,11 @@ class UserNode:
         self.started_at = 0.0
         self._server = None
         self._tasks: list[asyncio.Task] = []
-        self.index: DirectoryIndex | None = None
+        self.index: PeerIndex | None = None
         self.relay: Relay | None = None
         self.paths: PathManager | None = None
         self.asker: Asker | None = None
-        self.channels = ChannelPool()
+        self.channels = ChannelPool(own=self.tls)  # relays ask for it: mutual TLS on every link
         self._last_miss_refresh = 0.0
 
     @property
@@ -85,38 +85,39 @@ class UserNode:
                           tls_cert_pem=self.tls.cert_pem, region=self.region)
 
     async def start(self, build_paths: bool = True) -> None:
-        """Listen, register with the directory, then (optionally) build the first paths."""
-        server, port = tls.new_server(self.tls, self.listen)
+        """Listen, register with the directory, then (optionally) build the first paths.
+
+        The relay server demands a client certificate and admits exactly the registered ones
+        (mutual TLS; the roots follow the directory at every new connection)."""
+        self.index = PeerIndex(self.directory, on_miss=self._refresh_soon)
+        server, port = tls.new_server(self.tls, self.listen, client_roots=self._client_roots)
         host = self.listen.rpartition(":")[0]
         self.address = self.advertise or f"{host}:{port}"
-        self.index = DirectoryIndex(self.directory)
-        self.relay = Relay(self.keys.onion, self.address, self._relay_cert, self._model_cert, self.channels,
-                           self.node_id_hex, self.params, tap=self.tap)
+        self.relay = Relay(self.keys.onion, self.node_id_hex, self.keys.identity, self.index, self.channels,
+                           self.params, tap=self.tap)
         rpc.add_RelayServicer_to_server(self.relay, server)
         await server.start()
         self._server = server
+        self._loop = asyncio.get_running_loop()
         self.started_at = time.time()
         await self.directory.register_user(self.record)
         await self.refresh_directory()
-        self.paths = PathManager(self.directory, self.relay, self.channels, self.node_id_hex, self.region,
+        self.paths = PathManager(self.directory, self.relay, self.index, self.node_id_hex, self.region,
                                  self.cloves, self.params, rng=self.rng)
-        self.asker = Asker(self.directory, self.paths, self.channels, self.cloves, self.params, rng=self.rng)
+        self.asker = Asker(self.directory, self.paths, self.cloves, self.params, rng=self.rng)
         if build_paths:
             await self.paths.fill()
         if self.maintain:
             self._tasks.append(asyncio.ensure_future(self._maintenance()))
 
-    def _relay_cert(self, address: str) -> bytes | None:
-        cert = self.index.relay_cert(address)
-        if cert is None:
-            self._refresh_soon()
-        return cert
-
-    def _model_cert(self, address: str) -> bytes | None:
-        cert = self.index.model_cert(address)
-        if cert is None:
-            self._refresh_soon()
-        return cert
+    def _client_roots(self) -> bytes | None:
+        """Called by gRPC before each TLS handshake (from its own thread): the registered
+        certificates when they changed. A caller we do not know yet may just have registered,
+        so the directory is looked at again soon (at most once a second)."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._refresh_soon)
+        return self.index.client_roots()
 
     def _refresh_soon(self) -> None:
         """A peer we do not know yet may just have registered: look again (at most once a second)."""
@@ -147,6 +148,8 @@ class UserNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self.relay is not None:
+            await self.relay.close()
         if self._server is not None:
             await self._server.stop(None)
             self._server = None

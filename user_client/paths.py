@@ -3,8 +3,10 @@
 A user keeps N >= n established paths of l relays each; the last relay of a path is one of the
 user's proxies. Relays come from the directory: same region, never the user itself, least
 used first so that paths overlap as little as the region allows. A path is tried, not
-trusted: one that fails a send, or whose reply clove never came back, is marked failed and
-replaced at once; every path is renewed after `path_renewal_s` anyway.
+trusted: one whose first hop refuses a clove, whose clove the model node never listed as
+delivered, or whose reply clove never came back, is marked failed and replaced at once; every
+path is renewed after `path_renewal_s` anyway. Paths are pinned to node ids: onions name each
+successor by id, and the first hop is dialled by id (gentorrent.channels).
 
 `PathPool` and `choose_relays` are pure (time and rng passed in); `PathManager` is the async
 shell that talks to relays.
@@ -20,16 +22,13 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Callable
 
-import grpc
-
+from gentorrent.channels import PeerIndex
 from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import onion
-from gentorrent.channels import ChannelPool
+from gentorrent.overlay.pathtable import DropReason
 from user_client.relay import CONFIRMATION, Relay
-from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
 
@@ -44,27 +43,40 @@ class NotEnoughRelays(RuntimeError):
 class ProxyPath:
     path_id: int
     relays: tuple[str, ...]  # relay addresses, first hop first; the last one is the proxy
+    nodes: tuple[str, ...]  # their node ids (hex): what the path is pinned to
     secrets: onion.PathSecrets
     built_at: float
     failed: bool = False
     sends: int = 0
     replies: int = 0
+    next_seq: int = 0  # the next forward clove's number on this path (each hop's replay window)
+    next_reply: int = 0  # the next fresh reply link's counter (crypto.onion.reply_link)
 
     @property
     def proxy(self) -> str:
         return self.relays[-1]
 
     @property
+    def proxy_id(self) -> str:
+        return self.nodes[-1]
+
+    @property
     def first_hop(self) -> str:
-        return self.relays[0]
+        return self.nodes[0]
 
     @property
     def first_link(self) -> bytes:
         return self.secrets.first_link
 
-    @property
-    def reply_link(self) -> bytes:
-        return self.secrets.reply_link
+    def take_seq(self) -> int:
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        return seq
+
+    def fresh_reply_link(self) -> bytes:
+        """A reply link ID the proxy knows and nobody has seen: one per ask, so that the
+        model node cannot tell two asks over this path apart by their reply routes."""
+        counter, self.next_reply = self.next_reply, self.next_reply + 1
+        return onion.reply_link(self.secrets.hop_keys[-1], counter)
 
     def describe(self) -> dict:
         return {"id": self.path_id, "relays": list(self.relays), "failed": self.failed,
@@ -135,25 +147,27 @@ class PathManager:
         self,
         directory: Directory,
         relay: Relay,
-        channels: ChannelPool,
+        index: PeerIndex,
         self_id: str,
         region: str,
         cloves: CloveParams = CLOVES,
         params: OverlayParams = OVERLAY,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.directory = directory
         self.relay = relay
-        self.channels = channels
+        self.index = index
         self.self_id = self_id
         self.region = region
         # where reply blobs of our paths go, straight from the relay (the Asker sets itself)
-        self.replies_to: Callable[[ProxyPath, bytes], Awaitable[None]] | None = None
+        self.replies_to: Callable[[ProxyPath, bytes], None] | None = None
         self.cloves = cloves
         self.params = params
         self.rng = rng or random.SystemRandom()  # relay choice; seeded only in tests
         self.clock = clock
+        self.wall_clock = wall_clock
         self.pool = PathPool(cloves.proxies_kept, cloves.path_renewal_s)
         self._ids = itertools.count(1)
         self._fill_lock = asyncio.Lock()
@@ -194,29 +208,32 @@ class PathManager:
         return await self._establish(relays)
 
     async def _establish(self, relays: list[UserRecord]) -> ProxyPath | None:
-        hops = [onion.HopSpec(r.address, r.onion_key) for r in relays]
-        onion_bytes, secrets = onion.build_onion(hops)  # keys and link IDs from the OS CSPRNG
+        hops = [onion.HopSpec(r.node_id, r.onion_key) for r in relays]
+        # keys and link IDs from the OS CSPRNG; the time lets hops refuse this onion once it is old
+        onion_bytes, secrets = onion.build_onion(hops, issued_s=int(self.wall_clock()))
         first = relays[0]
-        stub = rpc.RelayStub(self.channels.get(first.address, first.tls_cert_pem))
-        # register before establishing, so no Return can arrive unrouted
-        path = ProxyPath(next(self._ids), tuple(r.address for r in relays), secrets, self.clock())
-        try:
-            reply = await stub.Establish(
-                pb.EstablishRequest(onion=onion_bytes, return_address=self.relay.address),
-                timeout=self.params.establish_timeout_s,
-            )
-            ok = reply.ok and onion.unwrap_return(secrets, reply.confirmation) == CONFIRMATION
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        path = ProxyPath(next(self._ids), tuple(r.address for r in relays), tuple(r.node_id_hex for r in relays),
+                         secrets, self.clock())
+        link = self.relay.hub.link_to(first.node_id_hex)
+        reply = None
+        if link is not None:
+            try:
+                reply = await link.establish(onion_bytes, self.params.establish_timeout_s)
+            except asyncio.TimeoutError:
                 # a hop further on may be the one that hangs (paused, blackholed): each hop's
-                # call to the next runs into the same deadline, so the answer never says which
+                # wait for the next runs into the same deadline, so the answer never says which
                 # hop it was. Suspect them all once; a hop on a later good path is cleared.
                 for r in relays:
                     self._suspect_hops[r.address] += 1
-            else:
-                self._suspect_hops[first.address] += 2  # the first hop itself is unreachable
+                self.build_failures += 1
+                return None
+        if link is None or (not link.alive and reply is not None and not reply.ok
+                            and reply.reason == DropReason.NEXT_HOP_UNREACHABLE.value):
+            self._suspect_hops[first.address] += 2  # the first hop itself is unreachable
             self.build_failures += 1
             return None
+        try:
+            ok = reply.ok and onion.unwrap_return(secrets, reply.confirmation) == CONFIRMATION
         except onion.CloveLayerError:
             ok = False
         if not ok:
@@ -228,7 +245,7 @@ class PathManager:
             self._suspect_hops.pop(r.address, None)
         self.pool.add(path)
         if self.replies_to is not None:
-            self.relay.add_endpoint(path.first_link, functools.partial(self.replies_to, path))
+            self.relay.add_endpoint(path.first_link, path.first_hop, functools.partial(self.replies_to, path))
         self.built += 1
         return path
 

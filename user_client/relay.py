@@ -1,41 +1,62 @@
-"""The Relay gRPC service every user node runs (ARCHITECTURE.md §3.2-3.3): a thin shell over PathTable.
+"""The Relay service every user node runs (ARCHITECTURE.md §3.2-3.3): a thin shell over PathTable.
 
-Establish peels one onion layer (the only public-key operation a relay ever does), records
-the hop, forwards the inner onion and passes the layered confirmation back. Forward and
-Return move clove blobs by link ID, adding or removing one symmetric layer; the proxy (last
-hop) hands forwarded cloves to the model node named under its layer, and seals returning
-reply cloves for the user. What a relay sees is a link ID and a fixed-size opaque blob.
+Neighbours reach it over one long-lived Link stream each (gentorrent.overlay.links), under
+mutual TLS: the caller's certificate was checked against the registry in the handshake, and
+`PeerIndex.identify` names the node. So a predecessor is a certificate, not a claimed
+address: a path entry records the authenticated node that sent the onion, forward cloves are
+accepted on a link ID only from that node, return cloves only from the entry's successor (or,
+on a proxy's fresh reply links, from a registered model node). Knowing a link ID is not enough.
 
-Every refusal is an `Ack(ok=False, reason=...)` counted in `drops`; nothing raises to gRPC.
-A node's own paths end here too: Return traffic on a link ID registered with
-`add_endpoint` is handed to the node's asking machinery instead of being relayed.
+Establish peels one onion layer (the only public-key operation a relay ever does), refuses
+stale or replayed onions, records the hop, forwards the inner onion to the successor named
+by node id, and passes the layered confirmation back. Forward cloves are checked (per-hop
+MAC), numbered (per-link replay window), peeled and passed on; the proxy (last hop) hands them
+to the model node named under its layer and, if the model node cannot be reached, tells the
+user so in a sealed notice. Return cloves get one layer each; the proxy seals what the model
+node sent. Every refusal is counted in `drops`; hop-local acks say only whether this hop
+accepted a clove. A node's own paths end here too: return traffic on a link ID registered
+with `add_endpoint` is handed to the node's asking machinery instead of being relayed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from gentorrent.channels import MODEL, USER, ChannelPool, PeerIndex
 from gentorrent.config import OVERLAY, WIRE, OverlayParams
-from gentorrent.crypto import onion
-from gentorrent.crypto.keys import OnionKey
-from gentorrent.channels import CertLookup, ChannelPool
-from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason, HopEntry, PathTable, ReplayFilter
+from gentorrent.crypto import onion, tls
+from gentorrent.crypto.keys import Identity, OnionKey
+from gentorrent.overlay.links import Link, LinkHub
+from gentorrent.overlay.pathtable import (Drop, DropCounter, DropReason, HopEntry, OnionReplayCache,
+                                          PathTable)
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 
-#: a layered clove: the clove limit plus room for seals, padding and layer headers
-CONFIRMATION = b"gentorrent/path-established/v1"
+CONFIRMATION = b"gentorrent/path-established/v2"
+#: the first byte of what a proxy seals for the user: a model node's reply clove, or a notice
+RETURN_REPLY, RETURN_NOTICE = 0, 1
+_SEQ_MOD = 1 << 64
 
 #: (event, link_id, payload) for every blob a relay receives or sends; test instrumentation
 Tap = Callable[[str, bytes, bytes], None]
-Endpoint = Callable[[bytes], Awaitable[None]]  # receives the return blob of one of our own paths
+#: receives the return blob of one of our own paths
+Endpoint = Callable[[bytes], None]
+
+
+@dataclass
+class _OwnPath:
+    first_hop: str  # node id: the only neighbour that may send on this link
+    handler: Endpoint
 
 
 class Relay(rpc.RelayServicer):
@@ -44,174 +65,217 @@ class Relay(rpc.RelayServicer):
     def __init__(
         self,
         onion_key: OnionKey,
-        address: str,
-        relay_certs: CertLookup,
-        model_certs: CertLookup,
+        node_id_hex: str,
+        identity: Identity,
+        index: PeerIndex,
         channels: ChannelPool,
-        node_id_hex: str = "",
         params: OverlayParams = OVERLAY,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         tap: Tap | None = None,
     ) -> None:
         self.onion_key = onion_key
-        self.address = address
-        self.relay_certs = relay_certs
-        self.model_certs = model_certs
-        self.channels = channels
         self.node_id_hex = node_id_hex
+        self.index = index
         self.params = params
         self.clock = clock
+        self.wall_clock = wall_clock
         self.tap = tap
         self.table = PathTable(params)
-        self.replay = ReplayFilter(params.replay_window)
+        self.onions = OnionReplayCache(params.onion_max_age_s, 2 * params.max_paths)
         self.drops = DropCounter()
-        self._endpoints: dict[bytes, Endpoint] = {}
+        self.hub = LinkHub(node_id_hex, identity, index.get, channels, self, params, self.drops)
+        self._endpoints: dict[bytes, _OwnPath] = {}
+        self.notices = 0
 
     # ------------------------------------------------------------------ own paths
 
-    def add_endpoint(self, link_id: bytes, handler: Endpoint) -> None:
-        """Deliver Return traffic on `link_id` (a path this node built) to `handler`."""
-        self._endpoints[link_id] = handler
+    def add_endpoint(self, link_id: bytes, first_hop: str, handler: Endpoint) -> None:
+        """Deliver return traffic on `link_id` from `first_hop` (a path this node built) to `handler`."""
+        self._endpoints[link_id] = _OwnPath(first_hop, handler)
 
     def remove_endpoint(self, link_id: bytes) -> None:
         self._endpoints.pop(link_id, None)
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ gRPC
 
-    def _refuse(self, reason: DropReason) -> pb.Ack:
-        self.drops.count(reason)
-        return pb.Ack(ok=False, reason=reason.value)
+    async def Link(self, request_iterator, context) -> None:
+        peer = self.index.identify(tls.peer_certificate(context))
+        if peer is None:  # the handshake checked the roots; the registry may have moved on since
+            self.drops.count(DropReason.UNAUTHENTICATED)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "not a registered node's certificate")
+            return
+        await self.hub.serve(context, peer)
+
+    async def Health(self, request, context) -> pb.HealthReply:
+        return pb.HealthReply(node_id=self.node_id_hex, role="user", serving=True)
+
+    # ------------------------------------------------------------------ helpers
 
     def _observe(self, event: str, link_id: bytes, payload: bytes) -> None:
         if self.tap is not None:
             self.tap(event, link_id, payload)
 
-    def _relay_stub(self, address: str) -> rpc.RelayStub:
-        cert = self.relay_certs(address)
-        if cert is None:
-            raise Drop(DropReason.UNKNOWN_PEER, address)
-        return rpc.RelayStub(self.channels.get(address, cert))
-
-    async def _call(self, coro) -> pb.Ack:
-        """Await a downstream unary call; an unreachable peer is a counted refusal."""
-        try:
-            return await coro
-        except grpc.aio.AioRpcError as exc:
-            log.debug("next hop failed: %s", exc.code())
-            return self._refuse(DropReason.NEXT_HOP_UNREACHABLE)
+    def _send(self, node_id: str, forward: bool, cloves: list[pb.Clove], ack: bool = False):
+        """Queue cloves to a neighbour (the one place every outgoing clove passes)."""
+        link = self.hub.link_to(node_id)
+        if link is None:
+            for _ in cloves:
+                self.drops.count(DropReason.UNKNOWN_PEER)
+            return None
+        for c in cloves:
+            self._observe("forward_out" if forward else "return_out", c.link_id, c.payload)
+        return link.send(forward, cloves, ack)
 
     # ------------------------------------------------------------------ Establish
 
-    async def Establish(self, request: pb.EstablishRequest, context) -> pb.EstablishReply:
+    async def on_establish(self, link: Link, request: pb.EstablishRequest) -> pb.EstablishReply:
         try:
-            if context is not None and _host(request.return_address) != _peer_host(context.peer()):
-                raise Drop(DropReason.UNKNOWN_PEER, "return address is not the caller's")
-            confirmation = await self._establish(request)
+            confirmation = await self._establish(link, request.onion)
         except Drop as drop:
             self.drops.count(drop.reason)
             return pb.EstablishReply(ok=False, reason=drop.reason.value)
         return pb.EstablishReply(ok=True, confirmation=confirmation)
 
-    async def _establish(self, request: pb.EstablishRequest) -> bytes:
-        if len(request.onion) != onion.ONION_SIZE:
-            raise Drop(DropReason.OVERSIZE if len(request.onion) > onion.ONION_SIZE else DropReason.BAD_ONION)
-        if self.relay_certs(request.return_address) is None:
-            raise Drop(DropReason.UNKNOWN_PEER, request.return_address)
+    async def _establish(self, link: Link, blob: bytes) -> bytes:
+        if link.peer.role != USER:
+            raise Drop(DropReason.UNKNOWN_PEER, "only user nodes build paths")
+        if len(blob) != onion.ONION_SIZE:
+            raise Drop(DropReason.OVERSIZE if len(blob) > onion.ONION_SIZE else DropReason.BAD_ONION)
         try:
-            layer = onion.peel(request.onion, self.onion_key.private_key)
+            layer = onion.peel(blob, self.onion_key.private_key)
         except onion.OnionError as exc:
             raise Drop(DropReason.BAD_ONION, str(exc)) from exc
+        if layer.next_hop is not None and self.index.user(layer.next_hop) is None:
+            raise Drop(DropReason.UNKNOWN_PEER, layer.next_hop[:16])
+        self.onions.check_and_add(layer.ephemeral, layer.issued_s, self.wall_clock())
         now = self.clock()
-        entry = HopEntry(layer.link_in, layer.link_out, request.return_address, layer.next_hop, layer.hop_key, now, now)
-        if layer.next_hop is not None and self.relay_certs(layer.next_hop) is None:
-            raise Drop(DropReason.UNKNOWN_PEER, layer.next_hop)
+        entry = HopEntry(layer.link_in, layer.link_out, link.peer.node_id, layer.next_hop, layer.hop_key, now, now)
         self.table.add(entry)
         if layer.next_hop is None:
-            return onion.seal_return(layer.hop_key, CONFIRMATION)
+            return onion.seal_return(entry.keys, CONFIRMATION)
+        successor = self.hub.link_to(layer.next_hop)
         try:
-            reply = await self._relay_stub(layer.next_hop).Establish(
-                pb.EstablishRequest(onion=layer.onion, return_address=self.address),
-                timeout=self.params.establish_timeout_s,
-            )
-        except grpc.aio.AioRpcError as exc:
-            self.table.remove(entry)
-            raise Drop(DropReason.NEXT_HOP_UNREACHABLE, str(exc.code())) from exc
+            reply = await successor.establish(layer.onion, self.params.establish_timeout_s)
+        except asyncio.TimeoutError:
+            reply = pb.EstablishReply(ok=False, reason=DropReason.NEXT_HOP_UNREACHABLE.value)
         if not reply.ok or len(reply.confirmation) > 4096:
             self.table.remove(entry)
-            raise Drop(DropReason.NEXT_HOP_REFUSED, reply.reason)
+            raise Drop(DropReason.NEXT_HOP_REFUSED if reply.reason != DropReason.NEXT_HOP_UNREACHABLE.value
+                       else DropReason.NEXT_HOP_UNREACHABLE)
         try:
-            return onion.wrap_return(layer.hop_key, reply.confirmation)
+            return onion.wrap_return(entry.keys, reply.confirmation)
         except onion.CloveLayerError as exc:
             self.table.remove(entry)
             raise Drop(DropReason.BAD_LAYER) from exc
 
-    # ------------------------------------------------------------------ Forward
+    # ------------------------------------------------------------------ cloves
 
-    async def Forward(self, request: pb.CloveEnvelope, context) -> pb.Ack:
-        self._observe("forward_in", request.link_id, request.payload)
-        try:
-            if len(request.payload) > WIRE.max_blob_bytes:
-                raise Drop(DropReason.OVERSIZE)
-            entry = self.table.forward_entry(request.link_id, self.clock())
-            self.replay.check_and_add(request.link_id, request.payload)
-            if entry.is_proxy:
-                return await self._deliver_to_model(entry, request.payload)
-            inner = onion.peel_forward(entry.hop_key, request.payload)
-            stub = self._relay_stub(entry.successor)
-        except Drop as drop:
-            return self._refuse(drop.reason)
-        except onion.CloveLayerError:
-            return self._refuse(DropReason.BAD_LAYER)
-        self._observe("forward_out", entry.link_out, inner)
-        return await self._call(stub.Forward(pb.CloveEnvelope(link_id=entry.link_out, payload=inner),
-                                             timeout=self.params.forward_timeout_s))
-
-    async def _deliver_to_model(self, entry: HopEntry, blob: bytes) -> pb.Ack:
-        try:
-            plain = onion.open_forward(entry.hop_key, blob)
-            instruction = pb.ProxyInstruction.FromString(plain)
-        except (onion.CloveLayerError, DecodeError):
-            return self._refuse(DropReason.BAD_LAYER)
-        cert = self.model_certs(instruction.destination)
-        if cert is None or not instruction.payload:
-            return self._refuse(DropReason.UNKNOWN_DESTINATION)
-        self._observe("submit_out", b"", instruction.payload)
-        stub = rpc.ModelNodeStub(self.channels.get(instruction.destination, cert))
-        return await self._call(stub.SubmitClove(pb.CloveEnvelope(payload=instruction.payload),
-                                                 timeout=self.params.forward_timeout_s))
-
-    # ------------------------------------------------------------------ Return
-
-    async def Return(self, request: pb.CloveEnvelope, context) -> pb.Ack:
-        self._observe("return_in", request.link_id, request.payload)
-        if len(request.payload) > WIRE.max_blob_bytes:
-            return self._refuse(DropReason.OVERSIZE)
-        endpoint = self._endpoints.get(request.link_id)
-        if endpoint is not None:
+    def on_cloves(self, link: Link, batch: pb.CloveBatch) -> list[tuple[int, DropReason]]:
+        out: dict[str, list[pb.Clove]] = defaultdict(list)
+        to_models: dict[str, list[tuple[HopEntry, int, pb.Clove]]] = defaultdict(list)
+        refused = []
+        one = self._forward_one if batch.forward else self._return_one
+        for i, clove in enumerate(batch.cloves):
+            self._observe("forward_in" if batch.forward else "return_in", clove.link_id, clove.payload)
             try:
-                self.replay.check_and_add(request.link_id, request.payload)
+                one(link, clove, out, to_models)
             except Drop as drop:
-                return self._refuse(drop.reason)
-            await endpoint(request.payload)
-            return pb.Ack(ok=True)
-        try:
-            entry = self.table.return_entry(request.link_id, self.clock())
-            self.replay.check_and_add(request.link_id, request.payload)
-            if entry.is_proxy:
-                blob = onion.seal_return(entry.hop_key, request.payload)
-            else:
-                blob = onion.wrap_return(entry.hop_key, request.payload)
-            stub = self._relay_stub(entry.predecessor)
-        except Drop as drop:
-            return self._refuse(drop.reason)
-        except onion.CloveLayerError:
-            return self._refuse(DropReason.BAD_LAYER)
-        self._observe("return_out", entry.link_in, blob)
-        return await self._call(stub.Return(pb.CloveEnvelope(link_id=entry.link_in, payload=blob),
-                                            timeout=self.params.forward_timeout_s))
+                self.drops.count(drop.reason)
+                refused.append((i, drop.reason))
+        for node_id, cloves in out.items():
+            self._send(node_id, batch.forward, cloves)
+        for node_id, items in to_models.items():
+            self._submit(node_id, items)
+        return refused
 
-    async def Health(self, request, context) -> pb.HealthReply:
-        return pb.HealthReply(node_id=self.node_id_hex, role="user", serving=True)
+    def _forward_one(self, link: Link, clove: pb.Clove, out, to_models) -> None:
+        if len(clove.payload) > WIRE.max_blob_bytes:
+            raise Drop(DropReason.OVERSIZE)
+        if link.peer.role != USER:
+            raise Drop(DropReason.UNKNOWN_LINK)
+        entry = self.table.forward_entry(clove.link_id, link.peer.node_id, self.clock())
+        try:
+            if entry.is_proxy:
+                seq, plain = onion.open_forward(entry.keys, clove.payload)
+            else:
+                seq, inner = onion.peel_forward(entry.keys, clove.payload)
+        except onion.CloveLayerError as exc:
+            raise Drop(DropReason.BAD_LAYER) from exc
+        entry.forward_window.check_and_add(seq)  # after the MAC: junk cannot touch the window
+        self.table.used(entry, self.clock(), forward=True)
+        if not entry.is_proxy:
+            out[entry.successor].append(pb.Clove(link_id=entry.link_out, payload=inner))
+            return
+        try:
+            instruction = pb.ProxyInstruction.FromString(plain)
+        except DecodeError as exc:
+            raise Drop(DropReason.BAD_INSTRUCTION) from exc
+        destination = instruction.destination.hex()
+        if len(instruction.destination) != 32 or self.index.model(destination) is None or not instruction.payload:
+            raise Drop(DropReason.UNKNOWN_DESTINATION)
+        user_seq = (seq - entry.keys.seq_offset) % _SEQ_MOD
+        to_models[destination].append((entry, user_seq, pb.Clove(payload=instruction.payload)))
+
+    def _submit(self, node_id: str, items: list[tuple[HopEntry, int, pb.Clove]]) -> None:
+        """Hand cloves to a model node, asking for its (hop-local) ack: a model node that cannot
+        be reached is reported to each clove's user, who then need not wait out a timeout."""
+        for _, _, clove in items:
+            self._observe("submit_out", b"", clove.payload)
+        ack = self._send(node_id, True, [c for _, _, c in items], ack=True)
+        if ack is None:
+            self._notify(items, DropReason.UNKNOWN_DESTINATION)
+            return
+        timer = asyncio.get_running_loop().call_later(self.params.forward_timeout_s, self._model_ack_late, ack)
+        ack.add_done_callback(lambda done: self._model_acked(done, timer, items))
+
+    @staticmethod
+    def _model_ack_late(ack: asyncio.Future) -> None:
+        if not ack.done():
+            ack.set_result(None)
+
+    def _model_acked(self, ack: asyncio.Future, timer: asyncio.TimerHandle,
+                     items: list[tuple[HopEntry, int, pb.Clove]]) -> None:
+        timer.cancel()
+        result = ack.result()
+        if result is None:  # the link died, or the model node said nothing in time
+            self._notify(items, DropReason.NEXT_HOP_UNREACHABLE)
+            return
+        refused = dict(result)
+        self._notify([items[i] for i in refused], DropReason.NEXT_HOP_REFUSED)
+
+    def _notify(self, items: list[tuple[HopEntry, int, pb.Clove]], reason: DropReason) -> None:
+        """Tell each clove's user, sealed under the proxy's return key, that it was not delivered."""
+        out: dict[str, list[pb.Clove]] = defaultdict(list)
+        for entry, user_seq, _ in items:
+            self.drops.count(reason)
+            notice = pb.ProxyNotice(seq=user_seq, reason=reason.value).SerializeToString()
+            blob = onion.seal_return(entry.keys, bytes((RETURN_NOTICE,)) + notice)
+            out[entry.predecessor].append(pb.Clove(link_id=entry.link_in, payload=blob))
+            self.notices += 1
+        for node_id, cloves in out.items():
+            self._send(node_id, False, cloves)
+
+    def _return_one(self, link: Link, clove: pb.Clove, out, to_models) -> None:
+        if len(clove.payload) > WIRE.max_blob_bytes:
+            raise Drop(DropReason.OVERSIZE)
+        own = self._endpoints.get(clove.link_id)
+        if own is not None:
+            if own.first_hop != link.peer.node_id:
+                raise Drop(DropReason.UNKNOWN_LINK)
+            own.handler(clove.payload)
+            return
+        entry = self.table.return_entry(clove.link_id, link.peer.node_id, link.peer.role == MODEL, self.clock())
+        entry.return_window.check_and_add(bytes(clove.payload[:32]))
+        self.table.used(entry, self.clock(), forward=False)
+        try:
+            if entry.is_proxy:
+                blob = onion.seal_return(entry.keys, bytes((RETURN_REPLY,)) + clove.payload)
+            else:
+                blob = onion.wrap_return(entry.keys, clove.payload)
+        except onion.CloveLayerError as exc:
+            raise Drop(DropReason.BAD_LAYER) from exc
+        out[entry.predecessor].append(pb.Clove(link_id=entry.link_in, payload=blob))
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -222,14 +286,8 @@ class Relay(rpc.RelayServicer):
         return len(expired)
 
     def status(self) -> dict:
-        return {"table": self.table.stats(), "drops": self.drops.as_dict(), "own_paths": len(self._endpoints)}
+        return {"table": self.table.stats(), "drops": self.drops.as_dict(), "own_paths": len(self._endpoints),
+                "links": self.hub.status(), "notices": self.notices}
 
-
-def _host(address: str) -> str:
-    return address.rpartition(":")[0].strip("[]")
-
-
-def _peer_host(peer: str) -> str:
-    """Host of a gRPC peer string: "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000"."""
-    kind, _, rest = peer.partition(":")
-    return _host(rest) if kind in ("ipv4", "ipv6") else peer
+    async def close(self) -> None:
+        await self.hub.close()

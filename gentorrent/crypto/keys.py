@@ -38,6 +38,15 @@ class SignatureError(ValueError):
     """A signature does not verify under the claimed key."""
 
 
+class KeyFilePermissionError(KeyFormatError):
+    """A private key file that group or others may read: refused, never loaded silently.
+
+    Refused rather than repaired: a key that was readable by others may have been read, and
+    only its operator can judge that (chmod if nobody else could, a new node home if someone
+    could). Repairing it quietly would hide exactly the event worth knowing about.
+    """
+
+
 def node_id_of(public_key: bytes) -> bytes:
     """The node id bound to an Ed25519 public key (raw 32 bytes)."""
     if len(public_key) != PUBLIC_KEY_BYTES:
@@ -169,19 +178,51 @@ class NodeKeys:
 
     @classmethod
     def load_or_create(cls, home: Path) -> "NodeKeys":
-        """Keys of the node at `home`, created on first use (files are 0600)."""
+        """Keys of the node at `home`, created on first use (0600 from the first byte on)."""
         home = Path(home)
         home.mkdir(parents=True, exist_ok=True)
-        identity = Identity.from_pem(_read_or_write(home / cls.IDENTITY_FILE, lambda: Identity.generate().to_pem()))
-        onion = OnionKey.from_pem(_read_or_write(home / cls.ONION_FILE, lambda: OnionKey.generate().to_pem()))
+        identity = Identity.from_pem(read_or_create_private(home / cls.IDENTITY_FILE,
+                                                            lambda: Identity.generate().to_pem()))
+        onion = OnionKey.from_pem(read_or_create_private(home / cls.ONION_FILE, lambda: OnionKey.generate().to_pem()))
         return cls(identity, onion)
 
 
-def _read_or_write(path: Path, make) -> bytes:
-    if path.exists():
-        return path.read_bytes()
-    data = make()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return data
+def read_private(path: Path) -> bytes:
+    """A private key file's bytes; KeyFilePermissionError if group or others may read it."""
+    path = Path(path)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise KeyFilePermissionError(
+            f"private key file {path} has mode {mode:o}: group or others may read it, so it is not "
+            f"loaded. If nobody else can have read it, run `chmod 600 {path}` and start again; "
+            "otherwise treat the key as leaked and start from a new node home")
+    return path.read_bytes()
+
+
+def write_private(path: Path, data: bytes) -> bool:
+    """Create `path` holding `data`, mode 0600 from its first byte, atomically: other readers
+    see no file or the whole file, never a partial key. False if `path` already existed
+    (another process made it first: its key wins and must be read back)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and never replaces an existing key
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_or_create_private(path: Path, make) -> bytes:
+    """The private key at `path`, made by `make()` and written 0600 on first use."""
+    path = Path(path)
+    if not path.exists():
+        write_private(path, make())  # False: another process was first; read its key back
+    return read_private(path)

@@ -1,7 +1,8 @@
-"""Onion codec for proxy paths (ARCHITECTURE.md §3.2) and symmetric clove layering along them.
+"""Onion codec for proxy paths (ARCHITECTURE.md §3.2) and the clove layers along them.
 
-Pure: no I/O; randomness comes from an `rng(nbytes) -> bytes` argument (default
-`secrets.token_bytes`). Keys are `cryptography` X25519 objects or their raw 32 bytes.
+Pure: no I/O, no clock; randomness comes from an `rng(nbytes) -> bytes` argument (default
+`secrets.token_bytes`), time from an `issued_s` argument. Keys are `cryptography` X25519
+objects or their raw 32 bytes.
 
 Establishment onion (fixed size S = CLOVES.onion_size at every hop)
 ------------------------------------------------------------------
@@ -15,7 +16,14 @@ nonce 0^12, aad = E_h) opens beta_h|tag_h into P_h (B bytes; the zero nonce is s
 aead_key comes from a fresh ephemeral key). P_h = info_h (INFO = 128 bytes) | rest_h::
 
     info = flags (1: 1 = forward, 0 = you are the proxy) | link_in (16) | link_out (16)
-           | address length (1) | successor address (utf-8, zero padded to ADDR_MAX)
+           | successor node id (32, zero for the proxy) | issued_s (8) | zero padding
+
+The successor is named by node id, never by address: the relay dials the node the registry
+lists under that id and accepts only its registered certificate (gentorrent.channels), so
+nobody can redirect a path by registering someone else's address. `issued_s` is the user's
+clock when it built the onion: a hop refuses onions older than the path could live (and
+keeps the ephemeral keys of younger ones), so an onion captured on the wire cannot re-install
+the same keys and link IDs after the path expired.
 
 The next onion is rest_h | filler_h: again exactly S bytes, so every hop sees the same size
 and a random-looking body, and cannot tell its position. The sender precomputes every
@@ -26,32 +34,54 @@ at most MAX_HOPS (S = 2048: 11).
 Link IDs are chosen by the sender: links L_0..L_l are independent random strings, hop h uses
 L_{h-1} on its incoming link and L_h on its outgoing one, so only neighbours share an ID
 and two relays further apart on a path (or on two paths of one user) hold nothing in common.
-The proxy's outgoing ID L_l is the reply link ID the user gives to model nodes.
 
 hop_key is derived, not carried: both the user (who knows the ephemeral secret) and the hop
 compute it; it keys the symmetric clove layers below, so relays do no public-key work after
 establishment.
 
-Clove layers (constant size along the path)
--------------------------------------------
-A layered blob is ``hdr (16) | body``. From each hop_key, HKDF derives separate forward and
-return keys: hdr_key (AES-256 as a one-block PRP), ctr_key (AES-256-CTR) and aead_key.
+Forward clove layers: per-hop integrity, constant size
+------------------------------------------------------
+A forward blob at hop h is ``T_h (16) | H_h (16) | B_h (N)``. From hop_key, HKDF derives a
+MAC key, a CTR key, a header key (AES as a one-block PRP) and a sequence offset. Hop h
 
-* forward: the user seals the payload for the proxy with AES-GCM(aead_key of hop l, random
-  96-bit nonce taken from a random 16-byte hdr), then for h = l..1 sets
-  hdr = PRP_h(hdr), body ^= CTR_h(iv = hdr). Hop h undoes its layer (peel_forward); the
-  proxy also opens the AEAD (open_forward). Every hop re-randomises hdr and body, so no
-  byte string follows a clove along the path.
-* return: the proxy seals (seal_return), each further hop adds a layer (wrap_return), the
-  user removes all of them and opens the proxy's AEAD (unwrap_return).
+1. checks T_h = BLAKE2b-MAC(mac_h, H_h | B_h); a blob altered anywhere dies here
+   (CloveLayerError) -- so a pattern XORed in by a dishonest hop never reaches a colluding
+   hop further on (the tagging attack on AES-CTR layers without integrity);
+2. decrypts D = AES-CTR(ctr_h, iv = H_h, B_h | 0^24): seq_h = D[:8] (the clove's number on
+   this path, plus this hop's secret offset: what the per-link replay window checks, after
+   the MAC), T_{h+1} = D[8:24], B_{h+1} = D[24:] -- N bytes again, the last 24 of them
+   keystream, so the size never changes and no hop learns its position from it;
+3. sets H_{h+1} = PRP_h^-1(H_h).
 
-Intermediate hops cannot check integrity (layers are length-preserving, like Tor's relay
-cells); tampering is caught at the end by the AEAD (CloveLayerError). AEAD nonces are random
-96-bit values per message under per-path keys; CTR IVs are pseudo-random 128-bit blocks.
+The user builds the layers from the proxy outwards with Sphinx-style filler precomputation:
+it knows every keystream, so it knows the 24·(h-1) trailing bytes the hops before h will
+have appended, and each T_h covers exactly what hop h will receive. The proxy's plaintext is
+``seq (8) | 0^16 | length (4) | payload | ...``; its MAC authenticates it (encrypt-then-MAC
+under a key only the user and the proxy hold). Every hop re-randomises H and B, so no byte
+string follows a clove along the path.
+
+Return layers
+-------------
+A return blob is ``hdr (16) | body``: the proxy seals with AES-GCM under its return key
+(seal_return), every further hop adds hdr = PRP(hdr), body ^= CTR(iv = hdr) (wrap_return),
+and the user removes them all and opens the proxy's seal (unwrap_return). Intermediate hops
+cannot check integrity here: they share no key with the proxy. A pattern a dishonest proxy
+XORs in stays hidden under the honest hops' keystreams, which only the user can remove, and
+the user's AEAD drops it. (Replays and junk a proxy injects towards the user: see
+THREAT_MODEL.md.)
+
+Fresh reply links
+-----------------
+`reply_link(hop_key, j)` is the proxy's reply link ID for the user's j-th ask over the path:
+a PRF of the proxy's hop key. The user names a new one in every query and the proxy keeps a
+small window of the next ones (gentorrent.overlay.pathtable), so a model node sees a new,
+unrelated link ID per ask instead of one pseudonym per path for its whole life.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets as _secrets
 from dataclasses import dataclass
 from functools import lru_cache
@@ -70,19 +100,25 @@ Rng = Callable[[int], bytes]
 
 ONION_SIZE = CLOVES.onion_size
 LINK_ID_BYTES = CLOVES.link_id_bytes
+NODE_ID_BYTES = 32
 KEY_BYTES = 32
 TAG_BYTES = 16
 LAYER_OVERHEAD = KEY_BYTES + TAG_BYTES  # ephemeral key + GCM tag
 INFO_BYTES = 128
-ADDR_MAX = INFO_BYTES - 2 - 2 * LINK_ID_BYTES
 FILLER_BYTES = INFO_BYTES + LAYER_OVERHEAD  # what each hop appends
 MAX_HOPS = 1 + (ONION_SIZE - LAYER_OVERHEAD - INFO_BYTES) // FILLER_BYTES
 HDR_BYTES = 16
+SEQ_BYTES = 8
+MAC_BYTES = 16
+SHIFT = SEQ_BYTES + MAC_BYTES  # forward bytes each hop consumes and replaces with keystream
+FORWARD_HEAD = MAC_BYTES + HDR_BYTES
+_LEN_BYTES = 4
 _NONCE0 = bytes(12)
-_ONION_LABEL = b"gentorrent/onion/v1"
-_CLOVE_LABEL = b"gentorrent/clove-layer/v1"
+_ONION_LABEL = b"gentorrent/onion/v2"
+_CLOVE_LABEL = b"gentorrent/clove-layer/v2"
 _RAW = serialization.Encoding.Raw
 _RAW_PUB = serialization.PublicFormat.Raw
+_SEQ_MOD = 1 << 64
 
 
 class OnionError(ValueError):
@@ -90,14 +126,14 @@ class OnionError(ValueError):
 
 
 class CloveLayerError(ValueError):
-    """A layered clove is malformed or fails its end-to-end authentication."""
+    """A layered clove is malformed or fails its authentication."""
 
 
 @dataclass(frozen=True)
 class HopSpec:
     """One relay of a path as the user knows it from the directory."""
 
-    address: str
+    node_id: bytes  # 32 bytes
     onion_key: X25519PublicKey | bytes
 
 
@@ -106,27 +142,26 @@ class PathSecrets:
     """What the user keeps about an established path (hop 1 first, the proxy last)."""
 
     hop_keys: tuple[bytes, ...]
-    link_ids: tuple[bytes, ...]  # L_0 (user -> hop 1) .. L_l (proxy's reply link)
-    first_hop: str
+    link_ids: tuple[bytes, ...]  # L_0 (user -> hop 1) .. L_l
+    first_hop: str  # node id (hex) of hop 1
 
     @property
     def first_link(self) -> bytes:
         return self.link_ids[0]
 
-    @property
-    def reply_link(self) -> bytes:
-        return self.link_ids[-1]
-
 
 @dataclass(frozen=True)
 class PeeledLayer:
-    """What one hop learns: its successor (None: it is the proxy), its link IDs, its key."""
+    """What one hop learns: its successor (None: it is the proxy), its link IDs, its key,
+    when the onion was made and its ephemeral key (for the hop's replay cache)."""
 
-    next_hop: str | None
+    next_hop: str | None  # node id (hex)
     link_in: bytes
     link_out: bytes
     hop_key: bytes
     onion: bytes | None  # the onion to send to next_hop
+    issued_s: int
+    ephemeral: bytes
 
 
 # --------------------------------------------------------------------------- helpers
@@ -164,36 +199,37 @@ def _exchange(private: X25519PrivateKey, public: bytes) -> bytes:
         raise OnionError("degenerate X25519 key in onion") from exc
 
 
-def _encode_info(next_hop: str | None, link_in: bytes, link_out: bytes) -> bytes:
-    addr = b"" if next_hop is None else next_hop.encode("utf-8")
-    if next_hop is not None and not 0 < len(addr) <= ADDR_MAX:
-        raise OnionError(f"relay address must be 1..{ADDR_MAX} utf-8 bytes: {next_hop!r}")
+def _encode_info(next_hop: bytes | None, link_in: bytes, link_out: bytes, issued_s: int) -> bytes:
+    if next_hop is not None and len(next_hop) != NODE_ID_BYTES:
+        raise OnionError(f"a successor is named by its {NODE_ID_BYTES}-byte node id")
     for link in (link_in, link_out):
         if len(link) != LINK_ID_BYTES:
             raise OnionError(f"link IDs are {LINK_ID_BYTES} bytes")
-    info = bytes((0 if next_hop is None else 1,)) + link_in + link_out + bytes((len(addr),)) + addr
+    if not 0 <= issued_s < _SEQ_MOD:
+        raise OnionError("issued_s out of range")
+    info = (bytes((0 if next_hop is None else 1,)) + link_in + link_out
+            + (next_hop or bytes(NODE_ID_BYTES)) + issued_s.to_bytes(8, "big"))
     return info + bytes(INFO_BYTES - len(info))
 
 
-def _decode_info(info: bytes) -> tuple[str | None, bytes, bytes]:
-    flags, n = info[0], info[1 + 2 * LINK_ID_BYTES]
+def _decode_info(info: bytes) -> tuple[str | None, bytes, bytes, int]:
+    flags = info[0]
     link_in, link_out = info[1 : 1 + LINK_ID_BYTES], info[1 + LINK_ID_BYTES : 1 + 2 * LINK_ID_BYTES]
-    if flags not in (0, 1) or n > ADDR_MAX or (flags == 1) != (n > 0):
+    at = 1 + 2 * LINK_ID_BYTES
+    successor = info[at : at + NODE_ID_BYTES]
+    issued_s = int.from_bytes(info[at + NODE_ID_BYTES : at + NODE_ID_BYTES + 8], "big")
+    if flags not in (0, 1) or (flags == 1) == (successor == bytes(NODE_ID_BYTES)):
         raise OnionError("malformed routing info")
-    if flags == 0:
-        return None, link_in, link_out
-    start = 2 + 2 * LINK_ID_BYTES
-    try:
-        return info[start : start + n].decode("utf-8"), link_in, link_out
-    except UnicodeDecodeError as exc:
-        raise OnionError("malformed successor address") from exc
+    if any(info[at + NODE_ID_BYTES + 8 :]):
+        raise OnionError("malformed routing info")
+    return (successor.hex() if flags == 1 else None), link_in, link_out, issued_s
 
 
 # --------------------------------------------------------------------------- establishment
 
 
 def build_onion(
-    hops: list[HopSpec], rng: Rng | None = None, link_ids: list[bytes] | None = None
+    hops: list[HopSpec], rng: Rng | None = None, link_ids: list[bytes] | None = None, issued_s: int = 0,
 ) -> tuple[bytes, PathSecrets]:
     """The establishment onion for hops[0] (the first relay) .. hops[-1] (the proxy)."""
     rng = rng or _secrets.token_bytes
@@ -204,7 +240,7 @@ def build_onion(
     if len(links) != l + 1:
         raise OnionError("need one link ID per link: len(hops) + 1")
     body = ONION_SIZE - LAYER_OVERHEAD
-    layers = []  # (eph_pub, aead_key, hop_key, keystream)
+    layers = []  # (eph_pub, aead_key, hop_key, keystream, filler)
     for hop in hops:
         hop_pub = _public_raw(hop.onion_key)
         eph = X25519PrivateKey.from_private_bytes(rng(KEY_BYTES))
@@ -220,8 +256,8 @@ def build_onion(
     onion = b""
     for h in range(l - 1, -1, -1):
         eph_pub, aead_key, _, keystream, _ = layers[h]
-        next_hop = hops[h + 1].address if h + 1 < l else None
-        info = _encode_info(next_hop, links[h], links[h + 1])
+        next_hop = bytes(hops[h + 1].node_id) if h + 1 < l else None
+        info = _encode_info(next_hop, links[h], links[h + 1], issued_s)
         if h == l - 1:
             t = tails[h]
             rest = rng(body - INFO_BYTES - len(t)) + _xor(t, keystream[body - len(t) :])
@@ -229,7 +265,7 @@ def build_onion(
             rest = onion[: ONION_SIZE - FILLER_BYTES]
         sealed = AESGCM(aead_key).encrypt(_NONCE0, info + rest, eph_pub)
         onion = eph_pub + sealed[body:] + sealed[:body]
-    return onion, PathSecrets(tuple(layer[2] for layer in layers), tuple(links), hops[0].address)
+    return onion, PathSecrets(tuple(layer[2] for layer in layers), tuple(links), bytes(hops[0].node_id).hex())
 
 
 def peel(onion: bytes, onion_private_key: X25519PrivateKey | bytes) -> PeeledLayer:
@@ -245,44 +281,136 @@ def peel(onion: bytes, onion_private_key: X25519PrivateKey | bytes) -> PeeledLay
         plain = AESGCM(aead_key).decrypt(_NONCE0, beta + tag, eph_pub)
     except InvalidTag as exc:
         raise OnionError("onion layer does not authenticate (tampered, or not for this key)") from exc
-    next_hop, link_in, link_out = _decode_info(plain[:INFO_BYTES])
+    next_hop, link_in, link_out, issued_s = _decode_info(plain[:INFO_BYTES])
     inner = None if next_hop is None else plain[INFO_BYTES:] + filler
-    return PeeledLayer(next_hop, link_in, link_out, hop_key, inner)
+    return PeeledLayer(next_hop, link_in, link_out, hop_key, inner, issued_s, eph_pub)
 
 
-# --------------------------------------------------------------------------- clove layers
+# --------------------------------------------------------------------------- per-hop keys
 
 
-@dataclass(frozen=True)
-class _Dir:
-    hdr: bytes
-    ctr: bytes
-    aead: AESGCM
+class HopKeys:
+    """The symmetric keys one hop key expands to, with reusable cipher contexts (ECB is
+    stateless per block, so one context serves every header of the path)."""
+
+    __slots__ = ("fwd_hdr", "fwd_ctr", "fwd_mac", "seq_offset", "ret_hdr", "ret_hdr_inv", "ret_ctr",
+                 "ret_aead", "reply_prf")
+
+    def __init__(self, hop_key: bytes) -> None:
+        okm = HKDFExpand(hashes.SHA256(), 8 * KEY_BYTES, _CLOVE_LABEL).derive(hop_key)
+        k = [okm[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(8)]
+        self.fwd_hdr = Cipher(algorithms.AES(k[0]), modes.ECB()).decryptor()
+        self.fwd_ctr = k[1]
+        self.fwd_mac = k[2]
+        self.seq_offset = int.from_bytes(k[3][:SEQ_BYTES], "big")
+        self.ret_hdr = Cipher(algorithms.AES(k[4]), modes.ECB()).encryptor()
+        self.ret_hdr_inv = Cipher(algorithms.AES(k[4]), modes.ECB()).decryptor()
+        self.ret_ctr = k[5]
+        self.ret_aead = AESGCM(k[6])
+        self.reply_prf = k[7]
 
 
-def _clove_keys(hop_key: bytes) -> tuple[_Dir, _Dir]:
-    """(forward, return) keys of one hop; derived once per hop key and cached."""
+def hop_keys(hop_key: "bytes | HopKeys") -> HopKeys:
+    """The keys of one hop key, derived once and cached (a relay keeps them in its path
+    table entry and passes them instead of the key, so no cache size bounds its paths)."""
+    if isinstance(hop_key, HopKeys):
+        return hop_key
     if not isinstance(hop_key, (bytes, bytearray)) or len(hop_key) != KEY_BYTES:
         raise CloveLayerError("a hop key is 32 bytes")
-    return _derive_clove_keys(bytes(hop_key))
+    return _hop_keys(bytes(hop_key))
 
 
-@lru_cache(maxsize=4096)
-def _derive_clove_keys(hop_key: bytes) -> tuple[_Dir, _Dir]:
-    okm = HKDFExpand(hashes.SHA256(), 6 * KEY_BYTES, _CLOVE_LABEL).derive(hop_key)
-    k = [okm[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(6)]
-    return _Dir(k[0], k[1], AESGCM(k[2])), _Dir(k[3], k[4], AESGCM(k[5]))
-
-
-def _prp(key: bytes, block: bytes, inverse: bool = False) -> bytes:
-    cipher = Cipher(algorithms.AES(key), modes.ECB())
-    ctx = cipher.decryptor() if inverse else cipher.encryptor()
-    return ctx.update(block) + ctx.finalize()
+@lru_cache(maxsize=8192)
+def _hop_keys(hop_key: bytes) -> HopKeys:
+    return HopKeys(hop_key)
 
 
 def _ctr(key: bytes, iv: bytes, data: bytes) -> bytes:
-    ctx = Cipher(algorithms.AES(key), modes.CTR(iv)).encryptor()
-    return ctx.update(data) + ctx.finalize()
+    return Cipher(algorithms.AES(key), modes.CTR(iv)).encryptor().update(data)
+
+
+def _mac(key: bytes, hdr: bytes, body: bytes) -> bytes:
+    m = hashlib.blake2b(key=key, digest_size=MAC_BYTES)
+    m.update(hdr)
+    m.update(body)
+    return m.digest()
+
+
+def reply_link(hop_key: bytes, counter: int) -> bytes:
+    """The proxy's reply link ID for the user's `counter`-th ask over this path."""
+    return hashlib.blake2b(counter.to_bytes(8, "big"), key=hop_keys(hop_key).reply_prf,
+                           digest_size=LINK_ID_BYTES).digest()
+
+
+# --------------------------------------------------------------------------- forward layers
+
+
+def forward_size(payload_len: int, path_length: int) -> int:
+    """Bytes of a forward blob carrying `payload_len` bytes over `path_length` hops."""
+    return FORWARD_HEAD + payload_len + _LEN_BYTES + SHIFT * path_length
+
+
+def wrap_forward(path: PathSecrets, payload: bytes, seq: int, rng: Rng | None = None,
+                 pad_to: int | None = None) -> bytes:
+    """User side: the layered forward blob of `payload` for the proxy of `path`; `seq` is the
+    clove's number on this path (each hop sees it plus its own secret offset)."""
+    rng = rng or _secrets.token_bytes
+    if pad_to is not None and pad_to < len(payload):
+        raise CloveLayerError(f"payload of {len(payload)} bytes exceeds pad_to={pad_to}")
+    keys = [hop_keys(k) for k in path.hop_keys]
+    l = len(keys)
+    n = (pad_to if pad_to is not None else len(payload)) + _LEN_BYTES + SHIFT * l
+    hdrs = [rng(HDR_BYTES)]
+    for d in keys[:-1]:
+        hdrs.append(d.fwd_hdr.update(hdrs[-1]))
+    streams = [_ctr(d.fwd_ctr, hdr, bytes(n + SHIFT)) for d, hdr in zip(keys, hdrs)]
+    tail = b""  # the bytes the hops before h append, as hop h receives them
+    tails = [tail]
+    for ks in streams[:-1]:
+        tail = _xor(tail, ks[n - len(tail) : n]) + ks[n : n + SHIFT]
+        tails.append(tail)
+    seqs = [((seq + d.seq_offset) % _SEQ_MOD).to_bytes(SEQ_BYTES, "big") for d in keys]
+    plain = seqs[-1] + bytes(MAC_BYTES) + len(payload).to_bytes(_LEN_BYTES, "big") + bytes(payload)
+    plain += bytes(n - len(tails[-1]) - len(plain))
+    body = _xor(plain, streams[-1][: len(plain)]) + tails[-1]
+    mac = _mac(keys[-1].fwd_mac, hdrs[-1], body)
+    for h in range(l - 2, -1, -1):
+        body = _xor(seqs[h] + mac + body[: n - SHIFT], streams[h][:n])
+        mac = _mac(keys[h].fwd_mac, hdrs[h], body)
+    return mac + hdrs[0] + body
+
+
+def _check_forward(d: HopKeys, blob: bytes) -> tuple[bytes, bytes]:
+    if not isinstance(blob, (bytes, bytearray)) or len(blob) < FORWARD_HEAD + SHIFT + _LEN_BYTES:
+        raise CloveLayerError("layered clove too short")
+    blob = bytes(blob)
+    mac, hdr, body = blob[:MAC_BYTES], blob[MAC_BYTES:FORWARD_HEAD], blob[FORWARD_HEAD:]
+    if not hmac.compare_digest(mac, _mac(d.fwd_mac, hdr, body)):
+        raise CloveLayerError("layered clove does not authenticate at this hop (tampered, or not this path)")
+    return hdr, body
+
+
+def peel_forward(hop_key: bytes, blob: bytes) -> tuple[int, bytes]:
+    """Relay side: check this hop's MAC, remove its layer; (seq, blob for the next hop, same size)."""
+    d = hop_keys(hop_key)
+    hdr, body = _check_forward(d, blob)
+    plain = _ctr(d.fwd_ctr, hdr, body + bytes(SHIFT))
+    seq = int.from_bytes(plain[:SEQ_BYTES], "big")
+    return seq, plain[SEQ_BYTES:SHIFT] + d.fwd_hdr.update(hdr) + plain[SHIFT:]
+
+
+def open_forward(hop_key: bytes, blob: bytes) -> tuple[int, bytes]:
+    """Proxy side: check the MAC and open the user's payload; (seq, payload)."""
+    d = hop_keys(hop_key)
+    hdr, body = _check_forward(d, blob)
+    plain = _ctr(d.fwd_ctr, hdr, body)
+    n = int.from_bytes(plain[SHIFT : SHIFT + _LEN_BYTES], "big")
+    if n > len(plain) - SHIFT - _LEN_BYTES:
+        raise CloveLayerError("bad payload length")
+    return int.from_bytes(plain[:SEQ_BYTES], "big"), plain[SHIFT + _LEN_BYTES : SHIFT + _LEN_BYTES + n]
+
+
+# --------------------------------------------------------------------------- return layers
 
 
 def _split_blob(blob: bytes) -> tuple[bytes, bytes]:
@@ -291,74 +419,37 @@ def _split_blob(blob: bytes) -> tuple[bytes, bytes]:
     return bytes(blob[:HDR_BYTES]), bytes(blob[HDR_BYTES:])
 
 
-def _seal(d: _Dir, payload: bytes, rng: Rng, pad_to: int | None) -> tuple[bytes, bytes]:
+def seal_return(hop_key: bytes, payload: bytes, rng: Rng | None = None, pad_to: int | None = None) -> bytes:
+    """Proxy side: seal a returning payload (a reply clove) for the user."""
     plain = len(payload).to_bytes(4, "big") + bytes(payload)
     if pad_to is not None:
         if pad_to < len(payload):
             raise CloveLayerError(f"payload of {len(payload)} bytes exceeds pad_to={pad_to}")
         plain += bytes(pad_to - len(payload))
-    hdr = rng(HDR_BYTES)
-    return hdr, d.aead.encrypt(hdr[:12], plain, None)
+    hdr = (rng or _secrets.token_bytes)(HDR_BYTES)
+    return hdr + hop_keys(hop_key).ret_aead.encrypt(hdr[:12], plain, None)
 
 
-def _open(d: _Dir, hdr: bytes, body: bytes) -> bytes:
+def wrap_return(hop_key: bytes, blob: bytes) -> bytes:
+    """Relay side, return direction: add this hop's layer; same size."""
+    d = hop_keys(hop_key)
+    hdr, body = _split_blob(blob)
+    hdr = d.ret_hdr.update(hdr)
+    return hdr + _ctr(d.ret_ctr, hdr, body)
+
+
+def unwrap_return(path: PathSecrets, blob: bytes) -> bytes:
+    """User side: remove the layers of hops 1..l-1 and open the proxy's seal."""
+    hdr, body = _split_blob(blob)
+    keys = [hop_keys(k) for k in path.hop_keys]
+    for d in keys[:-1]:
+        body = _ctr(d.ret_ctr, hdr, body)
+        hdr = d.ret_hdr_inv.update(hdr)
     try:
-        plain = d.aead.decrypt(hdr[:12], body, None)
+        plain = keys[-1].ret_aead.decrypt(hdr[:12], body, None)
     except InvalidTag as exc:
         raise CloveLayerError("layered clove does not authenticate (tampered or wrong path)") from exc
     n = int.from_bytes(plain[:4], "big")
     if n > len(plain) - 4:
         raise CloveLayerError("bad payload length")
     return plain[4 : 4 + n]
-
-
-def _add_layer(d: _Dir, hdr: bytes, body: bytes) -> tuple[bytes, bytes]:
-    hdr = _prp(d.hdr, hdr)
-    return hdr, _ctr(d.ctr, hdr, body)
-
-
-def _remove_layer(d: _Dir, hdr: bytes, body: bytes) -> tuple[bytes, bytes]:
-    return _prp(d.hdr, hdr, inverse=True), _ctr(d.ctr, hdr, body)
-
-
-def wrap_forward(path: PathSecrets, payload: bytes, rng: Rng | None = None, pad_to: int | None = None) -> bytes:
-    """User side: seal `payload` for the proxy and add one layer per hop (hop 1 outermost)."""
-    keys = [_clove_keys(k)[0] for k in path.hop_keys]
-    hdr, body = _seal(keys[-1], payload, rng or _secrets.token_bytes, pad_to)
-    for d in reversed(keys):
-        hdr, body = _add_layer(d, hdr, body)
-    return hdr + body
-
-
-def peel_forward(hop_key: bytes, blob: bytes) -> bytes:
-    """Relay side: remove this hop's layer; the result has the same size."""
-    hdr, body = _remove_layer(_clove_keys(hop_key)[0], *_split_blob(blob))
-    return hdr + body
-
-
-def open_forward(hop_key: bytes, blob: bytes) -> bytes:
-    """Proxy side: remove its layer and open the user's end-to-end seal."""
-    d = _clove_keys(hop_key)[0]
-    return _open(d, *_remove_layer(d, *_split_blob(blob)))
-
-
-def seal_return(hop_key: bytes, payload: bytes, rng: Rng | None = None, pad_to: int | None = None) -> bytes:
-    """Proxy side: seal a returning payload (a reply clove) for the user."""
-    hdr, body = _seal(_clove_keys(hop_key)[1], payload, rng or _secrets.token_bytes, pad_to)
-    return hdr + body
-
-
-def wrap_return(hop_key: bytes, blob: bytes) -> bytes:
-    """Relay side, return direction: add this hop's layer; same size."""
-    hdr, body = _add_layer(_clove_keys(hop_key)[1], *_split_blob(blob))
-    return hdr + body
-
-
-def unwrap_return(path: PathSecrets, blob: bytes) -> bytes:
-    """User side: remove the layers of hops 1..l-1 and open the proxy's seal."""
-    hdr, body = _split_blob(blob)
-    keys = [_clove_keys(k)[1] for k in path.hop_keys]
-    for d in keys[:-1]:
-        hdr, body = _remove_layer(d, hdr, body)
-    return _open(keys[-1], hdr, body)
-

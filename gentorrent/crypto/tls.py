@@ -9,6 +9,16 @@ is not who the registry says" call for very different reactions.
 
 Certificates carry the node id in the subject and a fixed DNS name that channels override
 the target name with, so addresses (IP:port) may change without re-issuing certificates.
+
+Pinning is by node id (gentorrent.channels): a connection names the node it wants, and the
+only certificate it accepts is the one the registry holds for that node id, which must name
+that node id in its subject (`cert_node_id`); an address is only where to dial. Overlay
+servers (relays) also demand a client certificate (`server_credentials(client_roots=...)`):
+the registered certificates are the roots, and `peer_certificate` gives a handler the one
+the caller presented, so that a caller is a registered node id, never a claimed address.
+
+The private key is written 0600 from its first byte and atomically (gentorrent.crypto.keys);
+a key file that group or others may read is refused with a message saying what to run.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import ipaddress
 import socket
 import ssl
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gentorrent.config import WIRE
-from gentorrent.crypto.keys import Identity
+from gentorrent.crypto.keys import Identity, read_private, write_private
 
 #: every certificate names this host; channels override the target name with it
 SERVER_NAME = "node.gentorrent"
@@ -66,26 +77,45 @@ class TlsIdentity:
 
     @classmethod
     def load_or_create(cls, home: Path, identity: Identity) -> "TlsIdentity":
+        """The node's certificate and key, made on first use. The key file is 0600 from its
+        first byte (never written readable and chmodded after); one found readable by group
+        or others is refused (keys.KeyFilePermissionError) rather than loaded."""
         home = Path(home)
         cert_path, key_path = home / CERT_FILE, home / KEY_FILE
-        if cert_path.exists() and key_path.exists():
-            return cls(cert_path.read_bytes(), key_path.read_bytes())
-        tls = make_self_signed(identity)
         home.mkdir(parents=True, exist_ok=True)
-        key_path.write_bytes(tls.key_pem)
-        key_path.chmod(0o600)
-        cert_path.write_bytes(tls.cert_pem)
-        return tls
+        if not key_path.exists():
+            write_private(key_path, make_self_signed(identity).key_pem)  # False: another process won
+        key_pem = read_private(key_path)
+        if not cert_path.exists():
+            _write_atomic(cert_path, make_self_signed(identity, key_pem=key_pem).cert_pem)
+        return cls(cert_path.read_bytes(), key_pem)
 
 
-def make_self_signed(identity: Identity, days: int = 3650) -> TlsIdentity:
+def check_key_files(home: Path) -> None:
+    """Raise keys.KeyFilePermissionError (a ValueError saying what to run) if any private key
+    file of the node home at `home` is readable by group or others: for CLIs to check first."""
+    from gentorrent.crypto.keys import NodeKeys
+
+    for name in (NodeKeys.IDENTITY_FILE, NodeKeys.ONION_FILE, KEY_FILE):
+        if (Path(home) / name).exists():
+            read_private(Path(home) / name)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def make_self_signed(identity: Identity, days: int = 3650, key_pem: bytes | None = None) -> TlsIdentity:
     """A self-signed ECDSA P-256 certificate naming the node id.
 
     ECDSA rather than Ed25519 because every TLS stack gRPC builds on accepts it. The
     certificate is its own CA (basicConstraints CA) so it can be the sole trust root of a
     pinned channel.
     """
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = (ec.generate_private_key(ec.SECP256R1()) if key_pem is None
+           else serialization.load_pem_private_key(key_pem, password=None))
     name = x509.Name([
         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "GenTorrent"),
         x509.NameAttribute(NameOID.COMMON_NAME, identity.node_id_hex[:64]),
@@ -112,6 +142,38 @@ def make_self_signed(identity: Identity, days: int = 3650) -> TlsIdentity:
     return TlsIdentity(cert.public_bytes(serialization.Encoding.PEM), key_pem)
 
 
+@lru_cache(maxsize=8192)
+def cert_node_id(cert_pem: bytes) -> str | None:
+    """The node id (hex) a certificate names in its subject's common name; None if it names
+    none. A registered certificate must name its own node's id: a record that carries another
+    node's certificate is refused, so one certificate never stands for two node ids."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    except ValueError:
+        return None
+    value = names[0].value if names else ""
+    if isinstance(value, bytes) or len(value) != 64:
+        return None
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return None
+    return value.lower()
+
+
+def peer_certificate(context) -> bytes | None:
+    """The certificate (PEM) a gRPC caller presented in the TLS handshake, if any. Only
+    servers made with `client_roots` ask for one; there the handshake has already checked it
+    against the registered certificates."""
+    try:
+        certs = context.auth_context().get("x509_pem_cert")
+    except (AttributeError, RuntimeError):
+        return None
+    return bytes(certs[0]) if certs else None
+
+
+@lru_cache(maxsize=8192)
 def fingerprint(cert_pem: bytes) -> str:
     """SHA-256 of the DER certificate, hex: what is pinned and what errors show."""
     try:
@@ -147,16 +209,20 @@ def server_credentials(
 ) -> grpc.ServerCredentials:
     """Server credentials; with `client_roots`, clients must present one of those certificates.
 
-    `client_roots` is called on every handshake (gRPC's dynamic credentials), so a server
-    admits exactly the nodes currently in the registry without restarting.
+    `client_roots` is called before every handshake (gRPC's dynamic credentials), so a server
+    admits exactly the nodes currently in the registry without restarting. It returns the
+    PEM bundle of the roots, or None when they did not change since its last answer (the
+    bundle is parsed only when the registry changed, not on every connection).
     """
     pair = [(tls.key_pem, tls.cert_pem)]
     if client_roots is None:
         return grpc.ssl_server_credentials(pair)
-    initial = grpc.ssl_server_certificate_configuration(pair, root_certificates=client_roots())
+    first = client_roots() or tls.cert_pem
+    initial = grpc.ssl_server_certificate_configuration(pair, root_certificates=first)
 
-    def fetch() -> grpc.ServerCertificateConfiguration:
-        return grpc.ssl_server_certificate_configuration(pair, root_certificates=client_roots())
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        roots = client_roots()
+        return None if roots is None else grpc.ssl_server_certificate_configuration(pair, root_certificates=roots)
 
     return grpc.dynamic_ssl_server_credentials(initial, fetch, require_client_authentication=True)
 

@@ -34,20 +34,10 @@ class RelayStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Establish = channel.unary_unary(
-                '/gentorrent.v1.Relay/Establish',
-                request_serializer=gentorrent__pb2.EstablishRequest.SerializeToString,
-                response_deserializer=gentorrent__pb2.EstablishReply.FromString,
-                _registered_method=True)
-        self.Forward = channel.unary_unary(
-                '/gentorrent.v1.Relay/Forward',
-                request_serializer=gentorrent__pb2.CloveEnvelope.SerializeToString,
-                response_deserializer=gentorrent__pb2.Ack.FromString,
-                _registered_method=True)
-        self.Return = channel.unary_unary(
-                '/gentorrent.v1.Relay/Return',
-                request_serializer=gentorrent__pb2.CloveEnvelope.SerializeToString,
-                response_deserializer=gentorrent__pb2.Ack.FromString,
+        self.Link = channel.stream_stream(
+                '/gentorrent.v1.Relay/Link',
+                request_serializer=gentorrent__pb2.LinkFrame.SerializeToString,
+                response_deserializer=gentorrent__pb2.LinkFrame.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/gentorrent.v1.Relay/Health',
@@ -59,22 +49,8 @@ class RelayStub:
 class RelayServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Establish(self, request, context):
+    def Link(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Forward(self, request, context):
-        """user -> proxy direction (towards model nodes)
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Return(self, request, context):
-        """proxy -> user direction (replies)
-        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -88,20 +64,10 @@ class RelayServicer:
 
 def add_RelayServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Establish': grpc.unary_unary_rpc_method_handler(
-                    servicer.Establish,
-                    request_deserializer=gentorrent__pb2.EstablishRequest.FromString,
-                    response_serializer=gentorrent__pb2.EstablishReply.SerializeToString,
-            ),
-            'Forward': grpc.unary_unary_rpc_method_handler(
-                    servicer.Forward,
-                    request_deserializer=gentorrent__pb2.CloveEnvelope.FromString,
-                    response_serializer=gentorrent__pb2.Ack.SerializeToString,
-            ),
-            'Return': grpc.unary_unary_rpc_method_handler(
-                    servicer.Return,
-                    request_deserializer=gentorrent__pb2.CloveEnvelope.FromString,
-                    response_serializer=gentorrent__pb2.Ack.SerializeToString,
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=gentorrent__pb2.LinkFrame.FromString,
+                    response_serializer=gentorrent__pb2.LinkFrame.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -120,7 +86,7 @@ class Relay:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Establish(request,
+    def Link(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -130,66 +96,12 @@ class Relay:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/gentorrent.v1.Relay/Establish',
-            gentorrent__pb2.EstablishRequest.SerializeToString,
-            gentorrent__pb2.EstablishReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Forward(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/gentorrent.v1.Relay/Forward',
-            gentorrent__pb2.CloveEnvelope.SerializeToString,
-            gentorrent__pb2.Ack.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Return(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/gentorrent.v1.Relay/Return',
-            gentorrent__pb2.CloveEnvelope.SerializeToString,
-            gentorrent__pb2.Ack.FromString,
+            '/gentorrent.v1.Relay/Link',
+            gentorrent__pb2.LinkFrame.SerializeToString,
+            gentorrent__pb2.LinkFrame.FromString,
             options,
             channel_credentials,
             insecure,
@@ -237,10 +149,10 @@ class ModelNodeStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.SubmitClove = channel.unary_unary(
-                '/gentorrent.v1.ModelNode/SubmitClove',
-                request_serializer=gentorrent__pb2.CloveEnvelope.SerializeToString,
-                response_deserializer=gentorrent__pb2.Ack.FromString,
+        self.Link = channel.stream_stream(
+                '/gentorrent.v1.ModelNode/Link',
+                request_serializer=gentorrent__pb2.LinkFrame.SerializeToString,
+                response_deserializer=gentorrent__pb2.LinkFrame.FromString,
                 _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/gentorrent.v1.ModelNode/Generate',
@@ -277,8 +189,8 @@ class ModelNodeStub:
 class ModelNodeServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def SubmitClove(self, request, context):
-        """cloves of sealed queries, from proxies
+    def Link(self, request_iterator, context):
+        """the overlay link from proxies: sealed query cloves in, reply cloves out
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -326,10 +238,10 @@ class ModelNodeServicer:
 
 def add_ModelNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'SubmitClove': grpc.unary_unary_rpc_method_handler(
-                    servicer.SubmitClove,
-                    request_deserializer=gentorrent__pb2.CloveEnvelope.FromString,
-                    response_serializer=gentorrent__pb2.Ack.SerializeToString,
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=gentorrent__pb2.LinkFrame.FromString,
+                    response_serializer=gentorrent__pb2.LinkFrame.SerializeToString,
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
@@ -373,7 +285,7 @@ class ModelNode:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def SubmitClove(request,
+    def Link(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -383,12 +295,12 @@ class ModelNode:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/gentorrent.v1.ModelNode/SubmitClove',
-            gentorrent__pb2.CloveEnvelope.SerializeToString,
-            gentorrent__pb2.Ack.FromString,
+            '/gentorrent.v1.ModelNode/Link',
+            gentorrent__pb2.LinkFrame.SerializeToString,
+            gentorrent__pb2.LinkFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,11 +7,17 @@ Every scenario builds its own real processes/servers under `root` on 127.0.0.1 a
 them down; `seed` fixes every random choice (which node dies when), so a failure replays.
 
 One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement);
-`adversary_*` modules hold attacks by insiders (`adversary_groups`: a model-group member).
+`adversary_*` modules hold attacks (an attack that succeeds counts as lost): `adversary_groups`
+by a model-group member, `adversary_path` on the anonymous path.
 Every public scenario is re-exported here, so bench/reliability.py finds it by name.
 """
 
 from testkit.scenarios.adversary_groups import GROUP_ATTACKS, group_adversary
+
+from testkit.scenarios.adversary_path import (ADVERSARY_SCENARIOS, adv_address_hijack, adv_link_theft,
+                                              adv_model_amplify, adv_nonce_reuse, adv_onion_replay, adv_peer_quota,
+                                              adv_position_timing, adv_replay_flush, adv_reply_linking,
+                                              adv_sizes_tokens, adv_tagging)
 from testkit.scenarios.epochs import EPOCH_MODES, epoch_faults
 from testkit.scenarios.models import MODEL_MODES, model_faults
 from testkit.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_CLOVES_K, RELAY_CLOVES_N,
@@ -23,6 +29,9 @@ from testkit.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verif
 
 __all__ = [
     "GROUP_ATTACKS", "group_adversary",
+    "ADVERSARY_SCENARIOS", "adv_address_hijack", "adv_link_theft", "adv_model_amplify", "adv_nonce_reuse",
+    "adv_onion_replay", "adv_peer_quota", "adv_position_timing", "adv_replay_flush", "adv_reply_linking",
+    "adv_sizes_tokens", "adv_tagging",
     "EPOCH_MODES", "epoch_faults",
     "MODEL_MODES", "model_faults",
     "LINK_DELAY_S", "LINK_PHASES", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES",

@@ -31,40 +31,49 @@ _ROOT = Path(__file__).resolve().parents[2]  # the repository: cwd of spawned pr
 class FaultyNextHop:
     """What a misbehaving relay does to the cloves it forwards to the next relay.
 
-    Installed in place of one relay's `_relay_stub` (looked up per call), so the relay's
-    own code runs unchanged up to the moment it sends: a drop is silent (the sender gets ok),
-    a corruption flips one byte of the onion layer, a replay sends the same clove twice, a
-    hang holds it past every deadline (a paused process, as seen by its neighbours)."""
+    Installed in place of one relay's `_send` (every clove it sends passes there), so the
+    relay's own code runs unchanged up to the moment it sends: a drop is silent (the next hop
+    never hears of the clove, the previous one saw it accepted), a corruption flips one byte
+    of the layered clove, a replay sends the same clove twice, a hang holds it past every
+    deadline (a paused process, as seen by its neighbours)."""
 
-    def __init__(self, inner, mode: str, rng: random.Random, counts: dict, hang_s: float) -> None:
-        self.inner, self.mode, self.rng, self.counts, self.hang_s = inner, mode, rng, counts, hang_s
+    def __init__(self, send, mode: str, rng: random.Random, counts: dict, hang_s: float) -> None:
+        self.send, self.mode, self.rng, self.counts, self.hang_s = send, mode, rng, counts, hang_s
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    async def Forward(self, envelope, timeout=None):
+    def __call__(self, node_id: str, forward: bool, cloves: list, ack: bool = False):
         from gentorrent.wire import gentorrent_pb2 as pb
-        self.counts[self.mode] = self.counts.get(self.mode, 0) + 1
+        if not forward or ack:  # replies, and a proxy's submissions to the model node, pass untouched
+            return self.send(node_id, forward, cloves, ack)
+        self.counts[self.mode] = self.counts.get(self.mode, 0) + len(cloves)
         if self.mode == "drop":
-            return pb.Ack(ok=True)
+            return None
         if self.mode == "hang":
-            await asyncio.sleep(self.hang_s)
-            return pb.Ack(ok=False, reason="hung")
+            asyncio.get_running_loop().call_later(self.hang_s, self.send, node_id, forward, cloves)
+            return None
         if self.mode == "corrupt":
-            data = bytearray(envelope.payload)
-            data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)
-            envelope = pb.CloveEnvelope(link_id=envelope.link_id, payload=bytes(data))
-        ack = await self.inner.Forward(envelope, timeout=timeout)
+            bad = []
+            for c in cloves:
+                data = bytearray(c.payload)
+                data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)
+                bad.append(pb.Clove(link_id=c.link_id, payload=bytes(data)))
+            cloves = bad
+        result = self.send(node_id, forward, cloves)
         if self.mode == "replay":
-            again = await self.inner.Forward(envelope, timeout=timeout)
-            self.counts["replay_refused"] = self.counts.get("replay_refused", 0) + (not again.ok)
-        return ack
+            again = self.send(node_id, forward, cloves, ack=True)
+            if again is not None:
+                again.add_done_callback(lambda f: self._refused(f, len(cloves)))
+        return result
+
+    def _refused(self, future, sent: int) -> None:
+        refused = future.result() or []
+        hits = sum(1 for _, reason in refused if reason.value == "replay")
+        self.counts["replay_refused"] = self.counts.get("replay_refused", 0) + hits
+        self.counts["replay_sent"] = self.counts.get("replay_sent", 0) + sent
 
 
 def _make_faulty(node, mode: str, rng: random.Random, counts: dict, hang_s: float) -> None:
     relay = node.relay
-    original = relay._relay_stub
-    relay._relay_stub = lambda address: FaultyNextHop(original(address), mode, rng, counts, hang_s)
+    relay._send = FaultyNextHop(relay._send, mode, rng, counts, hang_s)
 
 
 def _sum_drops(statuses: list[dict]) -> dict:
@@ -132,14 +141,16 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
                         recover_s = time.monotonic() - fault_end
             except (AskError, asyncio.TimeoutError):
                 clear += 1
-        await asyncio.sleep(0.5)
+        # a path is judged once the model node's word on its clove is due: the answer's delivery
+        # list, or a delivery report within its grace (acks are hop-local, so not before)
+        await asyncio.sleep(params.forward_timeout_s + 0.5)
         await me.paths.fill()
         pool = me.paths.pool.usable(time.monotonic())
         dead = set(victims) if mode == "kill" else set()
         repaired = len(pool) >= cloves.n and not any(set(p.relays) & dead for p in pool)
         # paths through a faulty relay now: a rebuilt path may pick it again (small network)
-        # until it is suspected twice (a silent drop shows as an ok without the model node's
-        # delivery token: the path is failed like any other)
+        # until it is suspected twice (a silent drop shows as a clove the model node never
+        # listed as delivered in its reply: the path is failed like any other)
         still_faulty = sum(1 for p in pool if set(p.relays) & set(victims))
         rebuilt = me.paths.built - built_before
         relay_drops = _sum_drops([n.relay.status()["drops"] for n in nodes if n is not me])
