@@ -344,7 +344,7 @@ def _register_models(root: Path, genesis: Path, models: list[NodeInfo], progress
         directory.add_model(ModelRecord(bytes.fromhex(m.node_id), keys.identity.public_key, m.address, MODEL_NODE.default_model,
                                         keys.onion.public_key, cert, capacity))
         tx = txs.register_model(keys.identity, m.address, MODEL_NODE.default_model, capacity, cert,
-                                sequence=int(time.time() * 1000), onion_key=keys.onion.public_key)
+                                sequence=int(time.time() * 1000), onion_key=keys.onion.public_key, chain_id=CHAIN_ID)
         m.extra["committee"] = _registered(m.name, asyncio.run(submit_tx(genesis, tx)))
     progress(f"model nodes: {len(models)} registered with the committee and in the overlay directory")
 
@@ -385,7 +385,7 @@ def _register_users(genesis: Path, users: list[NodeInfo]) -> None:
         keys = NodeKeys.load_or_create(Path(u.home))
         cert = TlsIdentity.load_or_create(Path(u.home), keys.identity).cert_pem
         tx = txs.register_user(keys.identity, u.address, keys.onion.public_key, cert, "default",
-                               sequence=int(time.time() * 1000))
+                               sequence=int(time.time() * 1000), chain_id=CHAIN_ID)
         u.extra["committee"] = _registered(u.name, asyncio.run(submit_tx(genesis, tx)))
 
 

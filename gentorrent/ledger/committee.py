@@ -95,5 +95,6 @@ class CommitteeDirectory:
         sequence = json.loads(account.value or b"{}").get("last_sequence", 0) + 1
         known = await stub.Query(pb.QueryRequest(path=f"/user/{self.identity.node_id_hex}"), timeout=self.timeout)
         build = txs.update_user if known.code == 0 and known.value else txs.register_user
-        tx = build(self.identity, record.address, record.onion_key, record.tls_cert_pem, record.region, sequence)
+        tx = build(self.identity, record.address, record.onion_key, record.tls_cert_pem, record.region, sequence,
+                   chain_id=self.genesis.chain_id)
         return await stub.SubmitTx(pb.TxRequest(tx=tx), timeout=self.timeout)
