@@ -65,6 +65,7 @@ class CloveIntake:
         self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
                                   max_cloves=params.max_routes, n=cloves.n)
         self._last_refresh = float("-inf")
+        self._refreshing: asyncio.Future | None = None
         self.drops = DropCounter()
         self.served = 0
         self._tasks: set[asyncio.Task] = set()
@@ -161,15 +162,28 @@ class CloveIntake:
 
     async def _known_proxy(self, address: str) -> bytes | None:
         cert = self.proxies.relay_cert(address)
-        if cert is None and self.clock() - self._last_refresh >= 1.0:
-            self._last_refresh = self.clock()
-            try:
-                await self.directory.refresh()
-                self.proxies.rebuild()
-            except Exception as exc:  # the directory is unreachable: drop, counted below
-                log.info("directory refresh failed: %s", exc)
+        if cert is None:
+            await self._refresh_directory()
             cert = self.proxies.relay_cert(address)
         return cert
+
+    async def _refresh_directory(self) -> None:
+        """One refresh at a time, shared by every clove that waits for it (a committee
+        directory takes a round trip or two: the n reply cloves of a new user's first query
+        all name proxies this node does not know yet), and at most one a second."""
+        if self._refreshing is None or self._refreshing.done():
+            if self.clock() - self._last_refresh < 1.0:
+                return
+            self._last_refresh = self.clock()
+            self._refreshing = asyncio.ensure_future(self._refresh_now())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh_now(self) -> None:
+        try:
+            await self.directory.refresh()
+            self.proxies.rebuild()
+        except Exception as exc:  # the directory is unreachable: drop, counted by the caller
+            log.info("directory refresh failed: %s", exc)
 
     async def _send_clove(self, route: pb.ReplyRoute, blob: bytes) -> None:
         # a bounded number of cloves in flight per route: a fast stream queues here instead

@@ -30,6 +30,7 @@ from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
 from gentorrent.ledger.directory import Directory, DirectoryIndex
 from gentorrent.ledger.sections import UserRecord
+from gentorrent.ledger.txs import advertised_address, check_listen
 from user_client.paths import PathManager
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,11 @@ class UserNode:
                           tls_cert_pem=self.tls.cert_pem, region=self.region)
 
     async def start(self, build_paths: bool = True) -> None:
-        """Listen, register with the directory, then (optionally) build the first paths."""
+        """Listen, register with the directory (the committee's: a signed registration,
+        waited for until it is committed), then (optionally) build the first paths."""
+        check_listen(self.listen, self.advertise)  # a wildcard without --advertise: stop here
         server, port = tls.new_server(self.tls, self.listen)
-        host = self.listen.rpartition(":")[0]
-        self.address = self.advertise or f"{host}:{port}"
+        self.address = advertised_address(self.listen, port, self.advertise)
         self.index = DirectoryIndex(self.directory)
         self.relay = Relay(self.keys.onion, self.address, self._relay_cert, self._model_cert, self.channels,
                            self.node_id_hex, self.params, tap=self.tap)
@@ -147,6 +149,7 @@ class UserNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.directory.close()  # stop renewing the registration
         if self._server is not None:
             await self._server.stop(None)
             self._server = None
@@ -184,6 +187,7 @@ class UserNode:
             "address": self.address,
             "region": self.region,
             "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0,
+            "directory_height": getattr(self.directory, "height", 0),  # the committee's, when it is one
             "paths": self.paths.status() if self.paths else {},
             "relay": self.relay.status() if self.relay else {},
             "asking": self.asker.status() if self.asker else {},
