@@ -215,6 +215,12 @@ SCENARIOS: list[Scenario] = [
     _epoch("leader-forge", "every leader posts a reply of its own under the honest node's name"),
     _epoch("node-down", "a model node stops answering challenges"),
     _epoch("node-cheat", "a model node answers with implausible tokens"),
+    # adversaries (THREAT_MODEL.md): "lost" counts what the attacker achieved
+    Scenario("adversary-address-hijack", "registrations of a model node's address (as model and user) with the "
+             "attacker's certificate, and a tx for another chain, while a user asks",
+             shared("registry_hijack")),
+    Scenario("adversary-directory-replay", "a Byzantine verifier (1 of 4) replays an old signed directory to "
+             "clients refreshing again and again", shared("directory_replay")),
 ]
 
 

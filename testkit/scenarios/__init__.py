@@ -6,10 +6,12 @@ forks, recover_s, note, extra); the tests assert on that dict, the bench prints 
 Every scenario builds its own real processes/servers under `root` on 127.0.0.1 and tears
 them down; `seed` fixes every random choice (which node dies when), so a failure replays.
 
-One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement).
+One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement);
+`adversary_*` modules replay attacks (THREAT_MODEL.md) and report the attacker's success.
 Every public scenario is re-exported here, so bench/reliability.py finds it by name.
 """
 
+from testkit.scenarios.adversary_registry import directory_replay, registry_hijack
 from testkit.scenarios.epochs import EPOCH_MODES, epoch_faults
 from testkit.scenarios.models import MODEL_MODES, model_faults
 from testkit.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_CLOVES_K, RELAY_CLOVES_N,
@@ -20,6 +22,7 @@ from testkit.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verif
                                                     verifier_partitions)
 
 __all__ = [
+    "directory_replay", "registry_hijack",
     "EPOCH_MODES", "epoch_faults",
     "MODEL_MODES", "model_faults",
     "LINK_DELAY_S", "LINK_PHASES", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES",
