@@ -123,7 +123,8 @@ class DevnetState:
         except (OSError, ValueError) as exc:
             raise DevnetError(f"no devnet at {root} (run `gt-devnet up --root {root}` first)") from exc
         doc["nodes"] = [NodeInfo(**n) for n in doc["nodes"]]
-        return cls(**doc)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in doc.items() if k in known})  # (a devnet.json of an older build)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -247,6 +247,10 @@ class CommitteeDirectory:
         if code == txs.CODE_NOT_REGISTERED:
             log.warning("registration lapsed: registering %s again", record.address)
             await self._submit_registration(record)
+        elif code == txs.CODE_REPLAY:  # the clock went back: continue from the committee's sequence
+            self._last_sequence = await self._account_sequence()
+            raise RegistrationError("lease renewal used an old sequence; the next one continues from the "
+                                    f"committee's ({self._last_sequence})")
         elif code not in (txs.CODE_OK, CODE_IN_MEMPOOL):
             raise RegistrationError(f"lease renewal refused: code {code}: {text}")
         self.renewals += 1
