@@ -33,7 +33,7 @@ def main() -> None:
     for i in range(USERS):
         ident = Identity.from_seed(i.to_bytes(4, "big") * 8)
         raw.append(txs.register_user(ident, f"10.0.{i // 250}.{i % 250}:7000", onion,
-                                     make_self_signed(ident).cert_pem, "eu", 1))
+                                     make_self_signed(ident).cert_pem, "eu", 1, chain_id="bench"))
     with tempfile.TemporaryDirectory() as tmp:
         app = RegistryApp(Path(tmp) / "state.db")
         app.init_chain("bench", [ValidatorInfo(validator.public_key, 1)], b"", 0)

@@ -247,6 +247,12 @@ SCENARIOS: list[Scenario] = [
     _adversary("adv_sizes_tokens", "relays read prompt length from sizes, token counts from reply cloves"),
     _adversary("adv_address_hijack", "the model node's and a relay's addresses registered by an attacker"),
     _adversary("adv_nonce_reuse", "3 proxies replay a query's cloves, before and after the node forgets it"),
+    # adversaries (THREAT_MODEL.md): "lost" counts what the attacker achieved
+    Scenario("adversary-address-hijack", "registrations of a model node's address (as model and user) with the "
+             "attacker's certificate, and a tx for another chain, while a user asks",
+             shared("registry_hijack")),
+    Scenario("adversary-directory-replay", "a Byzantine verifier (1 of 4) replays an old signed directory to "
+             "clients refreshing again and again", shared("directory_replay")),
 ]
 
 

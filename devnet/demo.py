@@ -1,14 +1,19 @@
 """`make demo`: the whole system in one run, on this machine.
 
 1. bring a devnet up (devnet.network: 4 verifiers, 2 honest + 1 dishonest model node,
-   12 user nodes, TLS everywhere) and wait until it is healthy;
-2. ask questions anonymously through the overlay; print each answer, the route of each
-   clove (user -> relays -> proxy -> model node) and the per-stage timings;
+   12 user nodes, TLS everywhere; every model and user node registers itself with the
+   committee and shares nothing but its genesis file) and wait until it is healthy;
+2. ask questions anonymously through the overlay; print each answer, the model node that
+   registered itself and served it, the route of each clove (user -> relays -> proxy -> model
+   node) and the per-stage timings; then one request the model group forwarded: its prompt
+   shares a long prefix with one an honest node served, it is sent to the other honest node,
+   whose Hash-Radix tree matches the prefix and forwards it (received by, served by, matched
+   depth);
 3. verification: watch the verifiers' epochs (VRF leader, challenges through the overlay,
    scoring with the reference engine) until the dishonest node is untrusted, reading the
    reputations from the committee's certified directory (the same light-client check every
-   node does); ask once more to show the untrusted node has left the users' routing; print
-   the reputation table;
+   node does); ask once more, once the asking user node's own directory has the verdict, to
+   show the untrusted node has left the users' routing; print the reputation table;
 4. bring the devnet down, and check that nothing it started is left running.
 
 Step 3 never pretends: if this build's verifiers do not run epochs yet, it says so and
@@ -28,6 +33,15 @@ from devnet import network as devnet
 from gentorrent.config import DEVNET, MODEL_NODE
 
 QUESTIONS = ("In one sentence: why is the sky blue?", "Name three primary colours.")
+#: a shared prefix long enough for the group's tree to match it (> 2 chunks of 32 tokens)
+SHARED_PREFIX = ("You are the assistant of a small public library. The library opens at nine in the morning and "
+                 "closes at six in the evening from Monday to Friday, and at noon on Saturdays. Members may borrow "
+                 "up to eight books for three weeks and renew them twice online. Printing costs ten cents a page. "
+                 "The reading room is quiet; group study rooms on the second floor can be booked for two hours. "
+                 "Answer the visitor's question in one short sentence.\n\nQuestion: ")
+FORWARD_QUESTIONS = ("When does the library open?", "How many books may I borrow?", "How long is a loan?")
+#: gossip rounds (ROUTING.gossip_interval_s each) to wait before the second ask of the prefix
+FORWARD_GOSSIP_ROUNDS = 2
 #: how long the demo watches the epochs (the paper: a cheater is untrusted within 5 epochs)
 VERIFY_TIMEOUT_S = 420.0
 
@@ -36,7 +50,7 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def step(n: int, title: str) -> None:
+def step(n: int | str, title: str) -> None:
     say()
     say(f"=== {n}. {title}")
 
@@ -132,14 +146,52 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
 
 
 def ask_after_verdict(state: devnet.DevnetState, root: Path, question: str) -> dict:
-    """Once the overlay's directory has dropped the cheaters (the devnet's trust mirror), ask."""
+    """Once the asking user node's own (light-client-checked) directory holds the committee's
+    verdict, ask: the untrusted node is no longer a candidate."""
     from devnet.supervisor import wait_until
-    from gentorrent.ledger.directory import StaticDirectory
 
-    cheaters = {m.node_id for m in state.of_role("model") if m.extra.get("dishonest")}
-    wait_until(lambda: not any(m.trusted for m in StaticDirectory(Path(state.directory)).models()
-                               if m.node_id in cheaters), 60, "the overlay's directory to drop the cheater")
-    return devnet.ask(question, root, user=2 % len(state.of_role("user")), max_tokens=24)
+    verdict_height = asyncio.run(devnet.committee_directory(Path(state.genesis))).height
+    user = 2 % len(state.of_role("user"))
+    asker = state.of_role("user")[user]
+    wait_until(lambda: devnet.user_status(asker)["directory_height"] >= verdict_height, 60,
+               f"user node {asker.name} to refresh its directory past height {verdict_height}")
+    return devnet.ask(question, root, user=user, max_tokens=24)
+
+
+# --------------------------------------------------------------------------- forwarding
+
+
+def show_forwarding(state: devnet.DevnetState, root: Path, pair: tuple | None = None) -> dict | None:
+    """One request the model group forwarded: the answer, who received it, who served it, and
+    the matched depth the receiver's Hash-Radix tree found (from its own status). `pair`:
+    (holder, receiver) model nodes; default the two first honest ones."""
+    from gentorrent.config import ROUTING
+
+    honest = [m for m in state.of_role("model") if not m.extra.get("dishonest")]
+    if pair is None and len(honest) < 2:
+        say("  (needs two honest model nodes: skipped)")
+        return None
+    holder, receiver = pair or (honest[0], honest[1])
+    first = devnet.ask_node(SHARED_PREFIX + FORWARD_QUESTIONS[0], holder, root, max_tokens=12)
+    say(f"  asked {first['sent_to_name']} a question after a {len(SHARED_PREFIX.split())}-word shared prefix: "
+        f"served by {first['served_by_name']} (its engine now caches the prefix, its tree says so)")
+    for question in FORWARD_QUESTIONS[1:]:
+        time.sleep(FORWARD_GOSSIP_ROUNDS * ROUTING.gossip_interval_s)  # the tree travels by gossip
+        before = len(devnet.model_status(receiver).get("routing", {}).get("recent_forwards", []))
+        answer = devnet.ask_node(SHARED_PREFIX + question, receiver, root, max_tokens=12)
+        forwards = devnet.model_status(receiver).get("routing", {}).get("recent_forwards", [])
+        if answer["served_by"] != answer["sent_to"] and len(forwards) > before:
+            hop = forwards[-1]
+            say(f"  asked {answer['sent_to_name']} the same prefix with another question: received by "
+                f"{answer['sent_to_name']}, whose Hash-Radix tree matched {state.name_of(node_id=hop['to'])}'s "
+                f"prefix at depth {hop['depth']} ({hop['reason']}, {hop['prompt_tokens']}-token prompt) and "
+                f"forwarded it; served and signed by {answer['served_by_name']}")
+            say(f"  A: {answer['text'].strip()}")
+            return {**answer, "forward": hop}
+        say(f"  {answer['sent_to_name']} served it itself this time (its view of the group's load said so); "
+            f"trying once more")
+    say("  no request was forwarded (the receiver kept every one: see its `gt-model status` routing section)")
+    return None
 
 
 def _say_epoch(summary, names: dict, rows: list[dict]) -> None:
@@ -160,7 +212,7 @@ def run(root: Path, users: int, questions: tuple[str, ...], parallel: int) -> in
     say("GenTorrent demo: a whole network on 127.0.0.1 (gRPC over pinned TLS everywhere)")
     step(1, "devnet up")
     shape = replace(DEVNET, users=users, parallel_model_starts=parallel)
-    ok, caught, left, epochs = False, False, [], False
+    ok, caught, left, epochs, forwarded = False, False, [], False, False
     t_up = t_ask = t_verify = 0.0
     try:
         state = devnet.up(root, shape, progress=say)
@@ -175,6 +227,8 @@ def run(root: Path, users: int, questions: tuple[str, ...], parallel: int) -> in
             say(f"  Q: {question}")
             answer = devnet.ask(question, root, user=i % users, max_tokens=48)
             say("  A: " + devnet.describe_answer(answer).replace("\n", "\n     "))
+        step("2b", "forwarding in the model group (Hash-Radix tree + Algorithm 2)")
+        forwarded = show_forwarding(state, root) is not None
         t_ask = time.monotonic() - t1
         step(3, "verification epochs until the cheater is untrusted")
         t2 = time.monotonic()
@@ -196,8 +250,9 @@ def run(root: Path, users: int, questions: tuple[str, ...], parallel: int) -> in
             + ("nothing left running" if not left else f"STILL RUNNING: {left}"))
     say()
     say(f"demo finished in {time.monotonic() - t0:.0f}s: devnet up {t_up:.0f}s, ask {t_ask:.1f}s, "
-        f"verification {t_verify:.0f}s ({'cheater caught' if caught else 'cheater NOT caught: see step 3'})")
-    return 0 if ok and not left and (caught or not epochs) else 1
+        f"verification {t_verify:.0f}s ({'cheater caught' if caught else 'cheater NOT caught: see step 3'}; "
+        f"{'a request forwarded' if forwarded else 'NO request forwarded: see step 2b'})")
+    return 0 if ok and not left and forwarded and (caught or not epochs) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,28 +4,28 @@
     gt-devnet status [--root ...] [--json]
     gt-devnet ask "PROMPT" [--root ...] [--user 0] [--max-tokens 64]
     gt-devnet down   [--root ...]
-    gt-devnet mirror [--root ...]     (started by up: committee trust -> the overlay directory file)
 
-`up` starts the vLLM engines first (in parallel): the model nodes (honest ones serve
+The devnet runs what a deployment runs, and shares nothing but the committee's genesis file:
+`up` makes the committee's homes and genesis (`gt-verifier init`), starts the vLLM engines in
+parallel (the verifiers' shared reference engine and the model nodes: honest ones serve
 `smollm2-135m`; the dishonest one, `gt-model serve --dishonest pruned`, serves half the
-layers of the same weights while claiming the same name, as a cheating volunteer would) and
-the verifiers' shared reference engine. It then generates keys and one genesis for the
-committee (`gt-verifier init`), starts the verifiers with verification epochs on, registers
-the model nodes with the committee (signed transactions), starts the user nodes, and waits
-until the network is healthy: the committee commits blocks, every model node serves, every
-user node holds its proxy paths, the committee's certified directory lists every node.
-Every node is the process a real deployment runs (`gt-verifier start`, `gt-model serve`,
-`gt-user start`), with its own home, keys and TLS certificate; every link is gRPC over
-pinned TLS.
+layers of the same weights while claiming the same name, as a cheating volunteer would),
+starts the verifiers (verification epochs on) once the reference engine serves, and starts
+the user nodes. Every model and user node gets `--committee GENESIS` and nothing else: it
+registers itself with a signed transaction, waits until the committee's light-client-checked
+directory lists it, renews its lease, and works from that directory alone (the clove intake's
+proxies, the model group it forwards and gossips in, every peer's pinned certificate). `up`
+returns when the network is healthy: the committee commits blocks, every node registered
+itself, every user node holds its proxy paths. Every node is the process a real deployment
+runs (`gt-verifier start`, `gt-model serve`, `gt-user start`), with its own home, keys and
+TLS certificate; every link is gRPC over pinned TLS.
 
 Everything lives under one root (default `var/devnet/`, git-ignored): the node homes,
 `logs/<node>.log` per node, the supervisor's `processes.json` (what `down` stops, and
 nothing else), and `devnet.json` (what `status` and `ask` read).
 
-Single-machine shortcuts, said out loud (deploy/devnet/README.md): the verifiers share one
-reference vLLM engine; user nodes and model nodes find each other in a shared static
-directory file (`directory.json`), while the committee holds the same nodes (the dashboard
-shows them) and a mirror process copies the committee's trust verdicts into the file.
+One single-machine shortcut, said out loud (deploy/devnet/README.md): the verifiers share one
+reference vLLM engine instead of running one each.
 """
 
 from __future__ import annotations
@@ -94,7 +94,6 @@ class NodeInfo:
 class DevnetState:
     root: str
     chain_id: str
-    directory: str
     genesis: str
     nodes: list[NodeInfo]
     started_at: float = 0.0
@@ -124,7 +123,8 @@ class DevnetState:
         except (OSError, ValueError) as exc:
             raise DevnetError(f"no devnet at {root} (run `gt-devnet up --root {root}` first)") from exc
         doc["nodes"] = [NodeInfo(**n) for n in doc["nodes"]]
-        return cls(**doc)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in doc.items() if k in known})  # (a devnet.json of an older build)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -178,27 +178,6 @@ async def verifier_status(home: Path, address: str, timeout: float = 5.0) -> dic
     return {"height": reply.height, "peers": len(reply.peers), "detail": json.loads(reply.json or "{}")}
 
 
-async def submit_tx(genesis_path: Path, tx: bytes, timeout: float = 10.0) -> tuple[int, str]:
-    """Submit a signed registry transaction to the first verifier that answers."""
-    from gentorrent.crypto.tls import connect
-    from gentorrent.wire import gentorrent_pb2 as pb
-    from gentorrent.wire import gentorrent_pb2_grpc as rpc
-    from gentorrent.ledger.genesis import Genesis
-
-    errors = []
-    for v in Genesis.load(genesis_path).validators:
-        try:
-            channel = await connect(v.address, v.tls_cert_pem, timeout=timeout)
-            try:
-                reply = await rpc.VerifierStub(channel).SubmitTx(pb.TxRequest(tx=tx), timeout=timeout)
-            finally:
-                await channel.close()
-            return reply.code, reply.log
-        except Exception as exc:  # a verifier still starting: try the next one
-            errors.append(f"{v.name}: {exc}")
-    raise DevnetError("no verifier accepted the transaction: " + "; ".join(errors))
-
-
 async def committee_directory(genesis_path: Path, timeout: float = 10.0):
     """The light-client-checked directory (gentorrent.ledger.light_client); raises DirectoryRejected."""
     from gentorrent.ledger.light_client import fetch_from_committee
@@ -207,23 +186,31 @@ async def committee_directory(genesis_path: Path, timeout: float = 10.0):
     return await fetch_from_committee(Genesis.load(genesis_path), timeout=timeout)
 
 
-def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress,
-                     dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
-    committee = root / "committee"
+def _init_committee(root: Path, count: int) -> Path:
+    """Homes, keys and one genesis for the committee (`gt-verifier init`); the genesis file."""
     base = _free_ports(count)
-    out = subprocess.run(python_module("verifier.cli", "init", "--validators", str(count), "--out", str(committee),
-                                       "--chain-id", CHAIN_ID, "--host", HOST, "--base-port", str(base)),
+    out = subprocess.run(python_module("verifier.cli", "init", "--validators", str(count), "--out",
+                                       str(root / "committee"), "--chain-id", CHAIN_ID, "--host", HOST,
+                                       "--base-port", str(base)),
                          capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise DevnetError(f"gt-verifier init failed: {out.stderr.strip()}")
+    return root / "committee" / "v0" / "genesis.json"
+
+
+def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress,
+                     dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
+    from gentorrent.ledger.genesis import Genesis
+
+    genesis = Genesis.load(root / "committee" / "v0" / "genesis.json")
     nodes = []
     for i in range(count):
-        home = committee / f"v{i}"
+        home = root / "committee" / f"v{i}"
         argv = python_module("verifier.cli", "start", "--home", str(home))
-        if reference is not None:  # every member scores with the one shared reference engine
+        if reference is not None:  # every member scores with the one shared reference engine and
+            # probes through a user node of its own, registered with the committee like any other
             argv += ["--epochs", "--reference-model", reference.address,
                      "--reference-cert", reference.extra["cert_file"],
-                     "--probe-directory", str(root / "directory.json"),
                      "--challenge-spread-s", str(DEVNET.challenge_spread_s)]
         extra = {}
         if dashboards:
@@ -232,8 +219,8 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
             extra["dashboard"] = f"http://{HOST}:{port}/"
             extra["metrics"] = f"http://{HOST}:{port}/metrics"
         sup.spawn(f"verifier-v{i}", argv)
-        nodes.append(NodeInfo(f"v{i}", "verifier", str(home), f"{HOST}:{base + i}", extra=extra))
-    progress(f"committee: {count} verifiers started (ports {base}..{base + count - 1}"
+        nodes.append(NodeInfo(f"v{i}", "verifier", str(home), genesis.validators[i].address, extra=extra))
+    progress(f"committee: {count} verifiers started ({nodes[0].address}..{nodes[-1].address}"
              f"{', verification epochs on' if reference else ', no verification epochs'}), waiting for blocks")
 
     def committing() -> bool:
@@ -270,42 +257,69 @@ def _wait_alive(sup: Supervisor, names: list[str], check: Callable[[], bool], ti
 REFERENCE = "reference"  # the verifiers' shared reference engine (its node name and role)
 
 
-def _start_models(sup: Supervisor, root: Path, shape: DevnetParams, progress: Progress,
-                  reference: bool) -> list[NodeInfo]:
-    """Model nodes (and the verifiers' reference engine), `shape.parallel_model_starts` vLLM
-    engines starting at a time."""
+def _engine_plan(shape: DevnetParams, reference: bool) -> list[tuple[str, str | None]]:
+    """(name, dishonest kind or None) of every engine to start, the reference engine first:
+    the committee starts as soon as it serves."""
     from model_node.cheaters import KINDS
 
     if shape.dishonest_models and shape.dishonest_variant not in KINDS:
         raise DevnetError(f"unknown dishonest kind {shape.dishonest_variant!r}; one of {', '.join(KINDS)}")
-    plan = [(f"honest{i}", None) for i in range(shape.honest_models)]
+    plan: list[tuple[str, str | None]] = [(REFERENCE, None)] if reference else []
+    plan += [(f"honest{i}", None) for i in range(shape.honest_models)]
     plan += [(f"dishonest{i}", shape.dishonest_variant) for i in range(shape.dishonest_models)]
-    if reference:
-        plan.append((REFERENCE, None))
-    nodes = []
+    return plan
+
+
+def _start_network(sup: Supervisor, root: Path, genesis: Path, shape: DevnetParams, progress: Progress,
+                   dashboards: bool, reference_at: NodeInfo | None, epochs: bool) -> tuple[list, list]:
+    """The engines, `shape.parallel_model_starts` at a time, and the committee as soon as the
+    reference engine serves; model nodes register themselves once the committee answers.
+    Returns (verifiers, engines)."""
+    plan = _engine_plan(shape, reference=epochs and reference_at is None)
+    verifiers: list[NodeInfo] = []
+    engines: list[NodeInfo] = []
+
+    def committee(reference: NodeInfo | None) -> None:
+        verifiers.extend(_start_committee(sup, root, shape.verifiers, progress, dashboards,
+                                          reference if epochs else None))
+
+    if not plan or plan[0][0] != REFERENCE:
+        committee(reference_at)  # nothing to wait for: the model nodes register as soon as they serve
     batch = max(1, shape.parallel_model_starts)
     for first in range(0, len(plan), batch):
-        nodes += _start_model_batch(sup, root, plan[first:first + batch], shape, progress)
-    return nodes
+        part = plan[first:first + batch]
+        _spawn_engines(sup, root, part, genesis, progress)
+        if part[0][0] == REFERENCE:
+            engines += _wait_engines(sup, root, part[:1], shape, progress)
+            committee(engines[0])
+            part = part[1:]
+        engines += _wait_engines(sup, root, part, shape, progress)
+    return verifiers, engines
 
 
-def _start_model_batch(sup: Supervisor, root: Path, plan: list, shape: DevnetParams,
-                       progress: Progress) -> list[NodeInfo]:
-    t0 = time.monotonic()
-    homes = {name: root / "models" / name for name, _ in plan}
+def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progress: Progress) -> None:
     for name, cheat in plan:
         argv = python_module("model_node.cli", "serve", "--model", MODEL_NODE.default_model,
-                             "--home", str(homes[name]), "--listen", f"{HOST}:0",
+                             "--home", str(root / "models" / name), "--listen", f"{HOST}:0",
                              "--capacity", str(MODEL_NODE.default_capacity), "--metrics", f"{HOST}:0")
         if cheat is not None:  # claims the default model, serves something cheaper (cheaters.py)
             argv += ["--dishonest", cheat]
         if name != REFERENCE:  # the reference engine is no member of the overlay
-            argv += ["--directory", str(root / "directory.json")]
+            argv += ["--committee", str(genesis)]
         what = ("the verifiers' shared reference engine" if name == REFERENCE
                 else f"dishonest: {cheat}" if cheat else "honest")
         progress(f"model nodes: starting {name} ({what} {MODEL_NODE.default_model}; a vLLM engine on CPU "
-                 f"takes a while)")
+                 f"takes a while{'' if name == REFERENCE else ', then it registers itself'})")
         sup.spawn(f"model-{name}", argv, env={"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)})
+
+
+def _wait_engines(sup: Supervisor, root: Path, plan: list, shape: DevnetParams,
+                  progress: Progress) -> list[NodeInfo]:
+    """Wait until each engine of `plan` serves (a member of the overlay: and is registered)."""
+    if not plan:
+        return []
+    t0 = time.monotonic()
+    homes = {name: root / "models" / name for name, _ in plan}
     _wait_alive(sup, [f"model-{name}" for name in homes],
                 lambda: all((h / "node.json").exists() for h in homes.values()),
                 shape.model_start_timeout_s, f"model node(s) {', '.join(homes)} to serve", progress)
@@ -316,8 +330,9 @@ def _start_model_batch(sup: Supervisor, root: Path, plan: list, shape: DevnetPar
                               info["node_id"], {"dishonest": cheat is not None, "cheat": cheat or "",
                                                 "capacity": info.get("capacity"), "ready_s": info.get("ready_s"),
                                                 "metrics": info.get("metrics", ""), "cert_file": info["cert_file"]}))
-        progress(f"model nodes: {name} serves on {info['address']} (engine ready in {info.get('ready_s')}s)")
-    progress(f"model nodes: batch of {len(plan)} ready after {time.monotonic() - t0:.0f}s")
+        progress(f"model nodes: {name} serves on {info['address']} (engine ready in {info.get('ready_s')}s"
+                 f"{'' if name == REFERENCE else ', registered itself with the committee'})")
+    progress(f"model nodes: {len(plan)} ready after {time.monotonic() - t0:.0f}s")
     return nodes
 
 
@@ -328,74 +343,29 @@ def verifiers_run_epochs() -> bool:
     return "--epochs" in out.stdout
 
 
-def _register_models(root: Path, genesis: Path, models: list[NodeInfo], progress: Progress) -> None:
-    """Into the overlay's directory file, and with the committee (a signed register_model tx)."""
-    from gentorrent.crypto.keys import NodeKeys
-    from gentorrent.crypto.tls import TlsIdentity
-    from gentorrent.ledger.directory import StaticDirectory
-    from gentorrent.ledger.sections import ModelRecord
-    from gentorrent.ledger import txs
-
-    directory = StaticDirectory(root / "directory.json")
-    for m in models:
-        keys = NodeKeys.load_or_create(Path(m.home))
-        cert = TlsIdentity.load_or_create(Path(m.home), keys.identity).cert_pem
-        capacity = int(m.extra.get("capacity") or MODEL_NODE.default_capacity)
-        directory.add_model(ModelRecord(bytes.fromhex(m.node_id), keys.identity.public_key, m.address, MODEL_NODE.default_model,
-                                        keys.onion.public_key, cert, capacity))
-        tx = txs.register_model(keys.identity, m.address, MODEL_NODE.default_model, capacity, cert,
-                                sequence=int(time.time() * 1000), onion_key=keys.onion.public_key)
-        m.extra["committee"] = _registered(m.name, asyncio.run(submit_tx(genesis, tx)))
-    progress(f"model nodes: {len(models)} registered with the committee and in the overlay directory")
-
-
 # --------------------------------------------------------------------------- user nodes
 
 
-def _start_users(sup: Supervisor, root: Path, count: int, progress: Progress) -> list[NodeInfo]:
+def _start_users(sup: Supervisor, root: Path, genesis: Path, count: int, progress: Progress) -> list[NodeInfo]:
     nodes = []
     for i in range(count):
         name = f"u{i:02d}"
         home = root / "users" / name
         home.mkdir(parents=True, exist_ok=True)
-        argv = python_module("user_client.cli", "start", "--home", str(home),
-                             "--directory", str(root / "directory.json"), "--listen", f"{HOST}:0",
-                             "--api-listen", f"{HOST}:0")
+        argv = python_module("user_client.cli", "start", "--home", str(home), "--committee", str(genesis),
+                             "--listen", f"{HOST}:0", "--api-listen", f"{HOST}:0")
         sup.spawn(f"user-{name}", argv)
         nodes.append(NodeInfo(name, "user", str(home)))
-    progress(f"user nodes: {count} started, waiting for them to listen")
+    progress(f"user nodes: {count} started, each registering itself with the committee")
     names = [f"user-{n.name}" for n in nodes]
     _wait_alive(sup, names, lambda: all((Path(n.home) / "node.json").exists() for n in nodes),
-                DEVNET.node_start_timeout_s, f"{count} user nodes to listen", progress)
+                DEVNET.node_start_timeout_s, f"{count} user nodes to register and listen", progress)
     for n in nodes:
         info = _read_json(Path(n.home) / "node.json") or {}
         n.address, n.node_id = info["address"], info["node_id"]
         n.extra["api"] = info["api"]
         n.extra["metrics"] = info["api"] + "/metrics"  # the user API serves Prometheus text too
     return nodes
-
-
-def _register_users(genesis: Path, users: list[NodeInfo]) -> None:
-    """Users register with the committee too, so its directory (and dashboard) counts them."""
-    from gentorrent.crypto.keys import NodeKeys
-    from gentorrent.crypto.tls import TlsIdentity
-    from gentorrent.ledger import txs
-
-    for u in users:
-        keys = NodeKeys.load_or_create(Path(u.home))
-        cert = TlsIdentity.load_or_create(Path(u.home), keys.identity).cert_pem
-        tx = txs.register_user(keys.identity, u.address, keys.onion.public_key, cert, "default",
-                               sequence=int(time.time() * 1000))
-        u.extra["committee"] = _registered(u.name, asyncio.run(submit_tx(genesis, tx)))
-
-
-def _registered(name: str, reply: tuple[int, str]) -> str:
-    from gentorrent.ledger.txs import CODE_ALREADY_REGISTERED, CODE_OK
-
-    code, log = reply
-    if code not in (CODE_OK, CODE_ALREADY_REGISTERED):
-        raise DevnetError(f"the committee refused to register {name}: code {code}: {log}")
-    return "registered"
 
 
 def user_status(user: NodeInfo, timeout: float = 10.0) -> dict:
@@ -429,20 +399,15 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
         epochs = shape.epochs and verifiers_run_epochs()
         if shape.epochs and not epochs:
             progress("committee: this build's gt-verifier cannot run verification epochs yet (no --epochs)")
-        engines = _start_models(sup, root, shape, progress, reference=epochs and reference_at is None)
+        genesis = _init_committee(root, shape.verifiers)  # the one file every node is given
+        shared = None if reference_at is None else \
+            NodeInfo(REFERENCE, REFERENCE, "", reference_at[0], extra={"cert_file": reference_at[1]})
+        verifiers, engines = _start_network(sup, root, genesis, shape, progress, dashboards, shared, epochs)
         models = [n for n in engines if n.role == "model"]
-        reference = next((n for n in engines if n.role == REFERENCE), None)
-        if epochs and reference_at is not None:
-            reference = NodeInfo(REFERENCE, REFERENCE, "", reference_at[0], extra={"cert_file": reference_at[1]})
-        verifiers = _start_committee(sup, root, shape.verifiers, progress, dashboards, reference)
-        genesis = Path(verifiers[0].home) / "genesis.json"
-        _register_models(root, genesis, models, progress)
-        users = _start_users(sup, root, shape.users, progress)
-        _register_users(genesis, users)
-        state = DevnetState(str(root), CHAIN_ID, str(root / "directory.json"), str(genesis),
-                            verifiers + engines + users, time.time(), epochs=epochs)
+        users = _start_users(sup, root, genesis, shape.users, progress)
+        state = DevnetState(str(root), CHAIN_ID, str(genesis), verifiers + engines + users, time.time(),
+                            epochs=epochs)
         state.save()
-        sup.spawn(MIRROR, python_module("devnet.network", "--root", str(root), "mirror"))
         _wait_alive(sup, recorded(root), lambda: _paths_ready(users), shape.healthy_timeout_s,
                     f"every user node to hold {CLOVES.n} proxy paths", progress)
         _wait_alive(sup, recorded(root), lambda: _committee_lists(state), shape.healthy_timeout_s,
@@ -458,53 +423,6 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
     return state
 
 
-# --------------------------------------------------------------------------- trust mirror
-
-MIRROR = "directory-mirror"
-MIRROR_INTERVAL_S = 2.0
-
-
-def mirror_trust_once(state: DevnetState) -> list[str]:
-    """Copy each model node's reputation and trusted flag from the committee's certified
-    directory into the overlay's directory file; returns the node ids whose trust changed.
-
-    The bridge exists only because user nodes read the file (see the module docstring): it is
-    how a node the committee untrusts leaves the users' routing, as it would with --committee.
-    """
-    from gentorrent.ledger.directory import StaticDirectory
-
-    certified = {m.node_id.hex(): m for m in asyncio.run(committee_directory(Path(state.genesis))).models}
-    directory = StaticDirectory(Path(state.directory))
-    changed = []
-    for record in directory.models():
-        c = certified.get(record.node_id_hex)
-        if c is None or (record.reputation, record.trusted) == (c.reputation, c.trusted):
-            continue
-        directory.add_model(replace(record, reputation=c.reputation, trusted=c.trusted))
-        if record.trusted != c.trusted:
-            changed.append(record.node_id_hex)
-    return changed
-
-
-def run_mirror(root: Path, interval_s: float = MIRROR_INTERVAL_S) -> None:
-    """`gt-devnet mirror`: mirror_trust_once every interval_s (a devnet process; `down` stops it)."""
-    state = DevnetState.load(Path(root).resolve())
-    while True:
-        try:
-            for node_id in mirror_trust_once(state):
-                say(f"directory-mirror: {state.name_of(node_id=node_id)} is now "
-                    f"{'trusted' if _is_trusted(state, node_id) else 'UNTRUSTED'} (committee)")
-        except Exception as exc:  # a verifier restarting, a directory without proof yet: retry
-            say(f"directory-mirror: {type(exc).__name__}: {exc}")
-        time.sleep(interval_s)
-
-
-def _is_trusted(state: DevnetState, node_id: str) -> bool:
-    from gentorrent.ledger.directory import StaticDirectory
-
-    return any(m.trusted for m in StaticDirectory(Path(state.directory)).models() if m.node_id_hex == node_id)
-
-
 def _committee_lists(state: DevnetState) -> bool:
     directory = asyncio.run(committee_directory(Path(state.genesis)))
     return (len(directory.models) >= len(state.of_role("model"))
@@ -513,7 +431,7 @@ def _committee_lists(state: DevnetState) -> bool:
 
 def _clean(root: Path) -> None:
     """Fresh homes for a fresh network (nothing of ours is running: checked by the caller)."""
-    for item in ("committee", "models", "users", "logs", "directory.json", "directory.lock", STATE, PROCESSES_FILE):
+    for item in ("committee", "models", "users", "logs", STATE, PROCESSES_FILE):
         path = root / item
         if path.is_dir():
             shutil.rmtree(path)
@@ -586,15 +504,51 @@ def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int =
     answer["wall_ms"] = round((time.monotonic() - t0) * 1000, 1)
     answer["asked_by"] = users[user].name
     answer["served_by_name"] = state.name_of(node_id=answer.get("served_by", ""))
-    probes = _probe_users(state)
+    directory = asyncio.run(committee_directory(Path(state.genesis)))
+    record = directory.model(bytes.fromhex(answer.get("served_by", "") or "00"))
+    answer["served_by_registered_height"] = record.registered_height if record else None
+    probes = _probe_users(state, directory)
     answer["route"] = [[probes.get(a) or state.name_of(address=a) for a in path] for path in answer.get("paths", [])]
     return answer
 
 
-def _probe_users(state: DevnetState) -> dict[str, str]:
-    """address -> name of the user nodes the verifiers run to send challenges (they relay too)."""
+def ask_node(prompt: str, node: NodeInfo, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int = 16,
+             timeout: float = 300.0) -> dict:
+    """Ask through user node `user`'s overlay, sending the query to the model node `node` (a
+    user may pick the node; `gt-user ask` through its API's node_id). The answer names the
+    node it was sent to (`sent_to`) and the one that served and signed it (`served_by`)."""
+    state = DevnetState.load(Path(root).resolve())
+    asker = state.of_role("user")[user]
+    answer = _http_json(asker.extra["api"] + "/gt/ask",
+                        {"prompt": prompt, "model": MODEL_NODE.default_model, "node_id": node.node_id,
+                         "max_tokens": max_tokens, "temperature": 0.0}, timeout=timeout)
+    answer["sent_to"] = answer["attempts"][-1]["node"] if answer.get("attempts") else node.node_id
+    answer["sent_to_name"] = state.name_of(node_id=answer["sent_to"])
+    answer["served_by_name"] = state.name_of(node_id=answer.get("served_by", ""))
+    return answer
+
+
+def model_status(node: NodeInfo, timeout: float = 10.0) -> dict:
+    """A model node's own status (load, routing: its forwarding decisions), over pinned TLS."""
+    from gentorrent.crypto.tls import connect
+    from gentorrent.wire import gentorrent_pb2 as pb
+    from gentorrent.wire import gentorrent_pb2_grpc as rpc
+
+    async def call() -> dict:
+        channel = await connect(node.address, Path(node.extra["cert_file"]).read_bytes(), timeout=timeout)
+        try:
+            reply = await rpc.ModelNodeStub(channel).Status(pb.Empty(), timeout=timeout)
+        finally:
+            await channel.close()
+        return json.loads(reply.json or "{}")
+
+    return asyncio.run(call())
+
+
+def _probe_users(state: DevnetState, directory) -> dict[str, str]:
+    """address -> name of the user nodes the verifiers run to send challenges (they relay too),
+    as the committee's directory lists them."""
     from gentorrent.crypto.keys import NodeKeys
-    from gentorrent.ledger.directory import StaticDirectory
     from verifier.epochs.wiring import PROBE_HOME
 
     ids = {}
@@ -602,13 +556,14 @@ def _probe_users(state: DevnetState) -> dict[str, str]:
         probe = Path(v.home) / PROBE_HOME
         if (probe / NodeKeys.IDENTITY_FILE).exists():
             ids[NodeKeys.load_or_create(probe).identity.node_id_hex] = f"{v.name}-probe"
-    return {u.address: ids[u.node_id_hex] for u in StaticDirectory(Path(state.directory)).users() if u.node_id_hex in ids}
+    return {u.address: ids[u.node_id_hex] for u in directory.users if u.node_id_hex in ids}
 
 
 def describe_answer(answer: dict) -> str:
     lines = [answer["text"].strip(),
              f"[asked by {answer['asked_by']}, served by {answer['served_by_name']} "
-             f"({answer.get('served_by', '')[:16]}…), {answer['tokens']} tokens; route of each clove:"]
+             f"({answer.get('served_by', '')[:16]}…, registered itself with the committee at height "
+             f"{answer.get('served_by_registered_height')}), {answer['tokens']} tokens; route of each clove:"]
     for i, path in enumerate(answer["route"]):
         lines.append(f"   clove {i}: {answer['asked_by']} -> {' -> '.join(path)} (proxy) -> {answer['served_by_name']}")
     timings = answer.get("timings_ms", {})
@@ -659,7 +614,6 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--max-tokens", type=int, default=64)
     a.add_argument("--json", action="store_true")
     sub.add_parser("down", help="stop everything `up` started (nothing else)")
-    sub.add_parser("mirror", help="(started by up) copy the committee's trust into the overlay's directory file")
     args = p.parse_args(argv)
     try:
         if args.cmd == "up":
@@ -681,9 +635,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "ask":
             answer = ask(args.prompt, args.root, args.user, args.max_tokens)
             print(json.dumps(answer) if args.json else describe_answer(answer))
-            return 0
-        if args.cmd == "mirror":
-            run_mirror(args.root)
             return 0
         stopped = down(args.root)
         print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))

@@ -299,6 +299,41 @@ class ConsensusTimeouts:
 
 
 CONSENSUS = ConsensusTimeouts()
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class RegistryParams:
+    """Self-registration with the committee and the light client (ARCHITECTURE.md §3.1).
+
+    A registration is a lease: it lasts `lease_s` of block time after the block that made,
+    updated or renewed it, then the record leaves the registry, so a relay or model node
+    that vanished stops being chosen at most `lease_s` (+ one block, + one client refresh)
+    after its last renewal. The committee's genesis may set its own lease (app_state
+    {"registry": {"lease_s": S}}); this is the default and the bounds a genesis must keep.
+    """
+
+    lease_s: float = 300.0
+    min_lease_s: float = 5.0  # shorter leases would cost a renewal per node every second
+    max_lease_s: float = 7 * 24 * 3600.0
+    renewals_per_lease: int = 5  # a node renews every lease_s / 5: four renewals may be lost
+    register_timeout_s: float = 300.0  # keep trying to reach the committee this long at start
+    commit_timeout_s: float = 60.0  # an accepted registration must show in the directory by then
+    retry_s: float = 2.0  # between two tries to reach the committee
+    # a verifier that does not accept a connection this fast is skipped for the next one: a
+    # down member must not cost every refresh a whole RPC deadline (gRPC retries refused
+    # connections until its deadline)
+    connect_timeout_s: float = 3.0
+    # light client: a directory certified longer ago than this (header time of the block that
+    # certifies it, against the local clock) is refused: a verifier replaying an old directory,
+    # or one that stopped following the chain. Blocks come every few seconds; 120 s leaves room
+    # for clock skew between a node and the committee (NTP keeps it to milliseconds).
+    max_directory_age_s: float = 120.0
+    confirmations: int = 2  # verifiers that must agree before a change of trust or membership
+
+
+REGISTRY = RegistryParams()
 #: short timeouts for tests and the loopback benchmark
 CONSENSUS_FAST = ConsensusTimeouts(
     propose_s=0.3, propose_delta_s=0.1, prevote_s=0.1, prevote_delta_s=0.05,

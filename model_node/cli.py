@@ -2,10 +2,15 @@
 
 `serve` checks that the model's weights are on disk *before* starting anything heavy, so a
 missing checkpoint is a one-line error in a second rather than a stack trace after a minute.
-Once the engine is up and the gRPC/TLS server listens, the node writes `node.json` in its home
-(address, node id, public key, certificate file): that is how `gt-model status`, the devnet
-and the tests find it. SIGINT/SIGTERM stop it cleanly (server drained, engine stopped, file
-removed).
+With `--committee GENESIS` the node joins the network by itself (ARCHITECTURE.md §3.1): once
+the engine is up and the gRPC/TLS server listens, it registers with a signed transaction
+(identity, advertised address, TLS certificate, onion key, model, capacity), waits until the
+committee's checked directory lists it, keeps its lease renewed, and from then on takes its
+clove intake's proxies, its model group (forwarding and gossip) and every peer's pinned
+certificate from that directory. Forwarding in the group is on unless `--no-forwarding`.
+Then it writes `node.json` in its home (address, node id, public key, certificate file): that
+is how `gt-model status`, the devnet and the tests find it. SIGINT/SIGTERM stop it cleanly
+(server drained, engine stopped, file removed).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from pathlib import Path
 
 from gentorrent.config import MODEL_NODE, ModelNodeParams
+from gentorrent.ledger.genesis import GenesisError
 
 STATE_FILE = "node.json"
 log = logging.getLogger("gt-model")
@@ -63,21 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shut down when the process that started this one exits (tests, devnets)")
     s.add_argument("--metrics", type=_listen, default=None, metavar="HOST:PORT",
                    help="serve Prometheus text on http://HOST:PORT/metrics")
+    s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
+                   help="the committee's genesis file: register this node there, then serve the overlay and "
+                        "its model group from the committee's checked directory")
+    s.add_argument("--advertise", metavar="HOST:PORT", default=None,
+                   help="the address to register, when peers reach this node elsewhere than --listen "
+                        "(needed with a wildcard --listen such as 0.0.0.0:50061)")
+    s.add_argument("--no-forwarding", action="store_true",
+                   help="with --committee: never forward requests to (or gossip with) the model group")
     s.add_argument("--directory", type=Path, default=None,
-                   help="directory JSON file of the overlay: accept cloves, reply to the proxies it lists")
+                   help="TESTS AND BENCHMARKS ONLY: a static directory JSON file instead of the committee")
     s.add_argument("--dishonest", default=None, metavar="KIND",
                    choices=("pruned", "noisy", "other-model", "random", "replay", "selective"),
                    help="TESTS AND BENCHMARKS ONLY: cheat while claiming --model "
                         "(model_node.cheaters: pruned, noisy, other-model, random, replay, selective)")
     # --- routing: the model group of --model, from the verified directory
     s.add_argument("--forwarding", action="store_true",
-                   help="join the group of --model: gossip HR-tree deltas and load with its trusted nodes "
-                        "(from --directory FILE or --committee GENESIS) and forward requests to the peer "
-                        "that holds their prefix")
-    s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
-                   help="with --forwarding: the group comes from the committee's light-client-checked directory")
+                   help="with --directory FILE (tests): join the group of --model as a --committee node does")
     s.add_argument("--gossip-interval", type=float, default=None, metavar="SECONDS",
-                   help="with --forwarding: seconds between gossip rounds (default: config ROUTING)")
+                   help="seconds between gossip rounds of the model group (default: config ROUTING)")
     st = sub.add_parser("status", help="what a running node serves and its load")
     st.add_argument("--home", type=Path, default=None)
     st.add_argument("--timeout", type=float, default=10.0)
@@ -116,11 +126,23 @@ def _serve(args) -> int:
     from gentorrent.crypto import tls
     from model_node import catalogue
 
+    from gentorrent.ledger.txs import TxError, check_listen
+
     home = (args.home or default_home()).resolve()
     args.load_model = args.model
-    if args.forwarding and not (args.directory or args.committee):  # --- routing
-        print("gt-model: --forwarding needs --directory FILE or --committee GENESIS (the group's roster)",
-              file=sys.stderr)
+    if args.forwarding and not args.directory:  # --- routing
+        print("gt-model: --forwarding goes with --directory FILE (with --committee the group forwards unless "
+              "--no-forwarding)", file=sys.stderr)
+        return 2
+    if args.committee and args.directory:
+        print("gt-model: give --committee GENESIS or --directory FILE, not both", file=sys.stderr)
+        return 2
+    args.forwarding = (args.forwarding or bool(args.committee)) and not args.no_forwarding
+    try:
+        if args.committee or args.directory:  # it will register: refuse an address nobody can dial now
+            check_listen(args.listen, args.advertise)
+    except TxError as exc:
+        print(f"gt-model: {exc}", file=sys.stderr)
         return 2
     try:
         if args.dishonest:  # a cheating node, for the verification tests
@@ -137,10 +159,15 @@ def _serve(args) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
     home.mkdir(parents=True, exist_ok=True)
     _setup_logging(home)
+    from gentorrent.ledger.committee import RegistrationError
+
     try:
         return asyncio.run(_serve_async(args, home, params))
     except catalogue.CatalogueError as exc:
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    except (RegistrationError, TxError, GenesisError) as exc:
+        print(f"gt-model: cannot join the network: {exc}", file=sys.stderr)
         return 2
 
 
@@ -187,10 +214,13 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
         return 0
     engine = engine_task.result()
     state = home / STATE_FILE
+    directory = None
     try:
+        from gentorrent.ledger.txs import advertised_address
+
         server, port = tls.new_server(tls_id, args.listen)
-        host = args.listen.rpartition(":")[0]
-        address = f"{host}:{port}"
+        address = advertised_address(args.listen, port, args.advertise) if (args.committee or args.directory) \
+            else f"{args.listen.rpartition(':')[0]}:{port}"
         generator = LocalGenerator(engine, keys.identity, params)
         if args.dishonest:  # a cheating node claims --model whatever it really runs
             from model_node import cheaters
@@ -216,6 +246,11 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
                                    forwarder=router, gossip=gossip, generate_route=router)
         rpc.add_ModelNodeServicer_to_server(service, server)
         await server.start()
+        if args.committee:  # listed only once it answers: register, wait until committed
+            record = _model_record(keys, tls_id, address, engine.model, args.capacity)
+            if not await _register(directory, record, stop):
+                await server.stop(0)
+                return 0
         if gossip is not None:
             gossip.start()
         metrics_runner, metrics_url = await _serve_metrics(args.metrics, service)
@@ -241,6 +276,8 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
             await metrics_runner.cleanup()
     finally:
         state.unlink(missing_ok=True)
+        if directory is not None:
+            await directory.close()
         engine.shutdown()
     log.info("stopped")
     return 0
@@ -258,6 +295,34 @@ def _directory(args, home: Path):
 
         return StaticDirectory(args.directory)
     return None
+
+
+async def _register(directory, record, stop: asyncio.Event) -> bool:
+    """Register with the committee and wait until its directory lists this node; False if the
+    node was told to stop first. Raises RegistrationError when the committee refuses."""
+    log.info("registering with the committee as %s", record.address)
+    task = asyncio.ensure_future(directory.register_model(record))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    task.result()  # a refusal raises here
+    log.info("registered: the committee's directory lists this node at height %d", directory.height)
+    return True
+
+
+def _model_record(keys, tls_id, address: str, model: str, capacity: int):
+    """What this node registers: identity, advertised address, certificate, onion key, model."""
+    from gentorrent.ledger.sections import ModelRecord
+
+    return ModelRecord(node_id=keys.identity.node_id, public_key=keys.identity.public_key, address=address,
+                       model=model, onion_key=keys.onion.public_key, tls_cert_pem=tls_id.cert_pem,
+                       capacity=capacity)
 
 
 async def _serve_metrics(listen: str | None, service) -> tuple:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import AsyncIterator, Callable
 
 import grpc
@@ -36,6 +37,7 @@ from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 _LATENCY_EWMA = 0.2  # weight of the newest request in the reported mean latency
+RECENT_FORWARDS = 16  # forwards `status()` lists (where each went, at which matched depth)
 
 
 class Router:
@@ -51,6 +53,7 @@ class Router:
         self.params = params
         self.clock = clock
         self.latency_s = 0.0
+        self.recent_forwards: deque[dict] = deque(maxlen=RECENT_FORWARDS)
 
     @property
     def model(self) -> str:
@@ -87,6 +90,9 @@ class Router:
                     async for chunk in self._call_peer(peer, request, hops + 1):
                         started = True
                         yield chunk
+                    self.recent_forwards.append({"to": decision.node_id, "reason": decision.reason.value,
+                                                 "depth": decision.depth, "prompt_tokens": len(tokens),
+                                                 "at_ms": int(time.time() * 1000)})
                     return
                 except (grpc.aio.AioRpcError, tls.TlsError, OSError, asyncio.TimeoutError) as exc:
                     if started:
@@ -119,6 +125,7 @@ class Router:
         out["prefix_cache_hit_rate"] = (round(load.prefix_hits / load.prefix_queries, 4)
                                         if load.prefix_queries else 0.0)
         out["mean_latency_s"] = round(self.latency_s, 3)
+        out["recent_forwards"] = list(self.recent_forwards)
         return out
 
 

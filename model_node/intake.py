@@ -96,6 +96,7 @@ class CloveIntake:
         self.max_active = max_active
         self.clock = clock
         self.wall_clock = wall_clock
+        self._refreshing: asyncio.Future | None = None
         self.drops = DropCounter()
         self.hub = LinkHub(node_id_hex, None, self.index.user, self.channels, self, params, self.drops)
         self.asks = AskBook(params.max_pending_groups, params.reassembly_timeout_s,
@@ -291,7 +292,15 @@ class CloveIntake:
         self._spawn(self._refresh())
 
     async def _refresh(self) -> None:
-        self._last_refresh = self.clock()
+        """One refresh at a time, shared by everything that waits for it: a committee directory
+        takes a round trip or two, and the n reply routes of a new user's first query all name
+        proxies this node does not know yet."""
+        if self._refreshing is None or self._refreshing.done():
+            self._last_refresh = self.clock()
+            self._refreshing = asyncio.ensure_future(self._refresh_now())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh_now(self) -> None:
         try:
             await self.directory.refresh()
             self.index.rebuild()

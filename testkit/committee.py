@@ -42,11 +42,12 @@ def node_name(i: int) -> str:
     return f"v{i}"
 
 
-def new_registration(k: int) -> tuple[str, bytes]:
+def new_registration(k: int, chain_id: str) -> tuple[str, bytes]:
     """A fresh user's (node id hex, signed registration tx)."""
     identity, onion = Identity.generate(), OnionKey.generate()
     cert = make_self_signed(identity).cert_pem
-    tx = txs.register_user(identity, f"127.0.0.1:{30000 + k % 30000}", onion.public_key, cert, "eu-west", 1)
+    tx = txs.register_user(identity, f"127.0.0.1:{30000 + k % 30000}", onion.public_key, cert, "eu-west", 1,
+                           chain_id=chain_id)
     return identity.node_id_hex, tx
 
 
@@ -164,7 +165,7 @@ class ProxiedCommittee:
 
     async def submit(self, ledger: Ledger, k: int, to: list[int]) -> bool:
         """Submit one fresh registration to the first node in `to` that accepts it."""
-        node_id, tx = new_registration(k)
+        node_id, tx = new_registration(k, self.genesis.chain_id)
         for i in to:
             try:
                 reply = await self._call(i, lambda s: s.SubmitTx(pb.TxRequest(tx=tx), timeout=RPC_S))

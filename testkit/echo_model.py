@@ -32,7 +32,8 @@ from gentorrent.channels import ChannelPool
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import sida, tls
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.ledger.directory import ModelRecord, StaticDirectory
+from gentorrent.ledger.directory import Directory, ModelRecord, StaticDirectory
+from gentorrent.overlay import sealing
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from model_node.intake import CloveIntake
@@ -49,11 +50,13 @@ def prompt_text(request: pb.GenerateRequest) -> str:
 class EchoModelNode(rpc.ModelNodeServicer):
     """A ModelNode server whose engine echoes; real keys, TLS, receipts and clove intake."""
 
-    def __init__(self, home: Path, directory_path: Path, model: str = MODEL_NODE.default_model,
+    def __init__(self, home: Path, directory_path: Path | Directory, model: str = MODEL_NODE.default_model,
                  chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
                  chunk_delay_s: float = 0.0) -> None:
+        """`directory_path`: a static directory file, or any Directory (a CommitteeDirectory:
+        then the stand-in registers itself with the committee, as `gt-model serve` does)."""
         self.home = Path(home)
-        self.directory = StaticDirectory(directory_path)
+        self.directory = directory_path if hasattr(directory_path, "models") else StaticDirectory(directory_path)
         self.model = model
         self.chunks = chunks
         self.chunk_delay_s = chunk_delay_s  # pause before every chunk after the first
@@ -79,13 +82,17 @@ class EchoModelNode(rpc.ModelNodeServicer):
         await server.start()
         self._server = server
         self.address = f"127.0.0.1:{port}"
-        self.directory.add_model(self.record)
+        if hasattr(self.directory, "register_model"):
+            await self.directory.register_model(self.record)
+        else:
+            self.directory.add_model(self.record)
 
     async def stop(self) -> None:
         await self.intake.close()
         if self._server is not None:
             await self._server.stop(None)
         await self.channels.close()
+        await self.directory.close()
 
     # the engine stand-in ------------------------------------------------------
 

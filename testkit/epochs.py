@@ -94,6 +94,7 @@ class EpochCommittee:
                              "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", chain_id])
         if code != 0:
             raise RuntimeError(f"gt-verifier init failed: {said.getvalue()[-500:]}")
+        self.chain_id = chain_id
         self.homes = [Path(root) / f"v{i}" for i in range(4)]
         self.nodes: list[VerifierNode] = []
         self.runners: list[EpochRunner] = []
@@ -120,7 +121,8 @@ class EpochCommittee:
             raise RuntimeError(f"tx refused ({reply.code}): {reply.log}")
 
     async def register(self, ident: Identity, port: int) -> None:
-        await self.submit(txs.register_model(ident, f"127.0.0.1:{port}", MODEL, 5, make_self_signed(ident).cert_pem, 1))
+        await self.submit(txs.register_model(ident, f"127.0.0.1:{port}", MODEL, 5, make_self_signed(ident).cert_pem, 1,
+                                             chain_id=self.chain_id))
 
     def section(self) -> pb.EpochsSection:
         return pb.EpochsSection.FromString(self.nodes[0].app.query("/epochs").value)

@@ -17,5 +17,6 @@ class Member:
         self.cert = make_self_signed(self.identity).cert_pem
         self.address = f"127.0.0.1:{30000 + k}"
 
-    def register(self) -> bytes:
-        return txs.register_user(self.identity, self.address, self.onion.public_key, self.cert, "eu-west", 1)
+    def register(self, chain_id: str) -> bytes:
+        return txs.register_user(self.identity, self.address, self.onion.public_key, self.cert, "eu-west", 1,
+                                 chain_id=chain_id)

@@ -24,6 +24,7 @@ from verifier.abci.store import StoreError
 
 VALIDATORS = [Identity.from_seed(bytes([100 + i]) * 32) for i in range(4)]
 GENESIS_MS = 1_700_000_000_000
+CHAIN = "gt-test"
 
 
 @dataclass(frozen=True)
@@ -31,30 +32,32 @@ class Node:
     identity: Identity
     cert: bytes
     onion: bytes
+    seed: int
 
     @classmethod
     def make(cls, seed: int) -> "Node":
         ident = Identity.from_seed(bytes([seed]) * 32)
-        return cls(ident, make_self_signed(ident).cert_pem, OnionKey.generate().public_key)
+        return cls(ident, make_self_signed(ident).cert_pem, OnionKey.generate().public_key, seed)
 
     @property
     def hex(self) -> str:
         return self.identity.node_id_hex
 
-    def reg_user(self, seq: int, address: str = "127.0.0.1:7000", region: str = "eu") -> bytes:
-        return txs.register_user(self.identity, address, self.onion, self.cert, region, seq)
+    def reg_user(self, seq: int, address: str = "", region: str = "eu") -> bytes:
+        address = address or f"127.0.0.1:{7000 + self.seed}"  # one address, one node
+        return txs.register_user(self.identity, address, self.onion, self.cert, region, seq, chain_id=CHAIN)
 
     def reg_model(self, seq: int, capacity: int = 5, model: str = "smollm2-135m") -> bytes:
-        return txs.register_model(self.identity, "127.0.0.1:9000", model, capacity, self.cert, seq,
-                                  onion_key=self.onion)
+        return txs.register_model(self.identity, f"127.0.0.1:{9000 + self.seed}", model, capacity, self.cert, seq,
+                                  onion_key=self.onion, chain_id=CHAIN)
 
 
 NODES = [Node.make(i) for i in range(1, 7)]
 
 
-def new_app(path: Path) -> RegistryApp:
+def new_app(path: Path, app_state: bytes = b"{}") -> RegistryApp:
     app = RegistryApp(path)
-    app.init_chain("gt-test", [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], b"{}", GENESIS_MS)
+    app.init_chain(CHAIN, [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], app_state, GENESIS_MS)
     return app
 
 
@@ -86,7 +89,7 @@ def test_every_tx_kind_is_applied_and_queried(app):
     q = app.query(f"/user/{user.hex}")
     assert q.code == 0 and q.height == 1
     entry = pb.UserEntry.FromString(q.value)
-    assert entry.address == "127.0.0.1:7000" and entry.onion_key == user.onion and entry.region == "eu"
+    assert entry.address == "127.0.0.1:7001" and entry.onion_key == user.onion and entry.region == "eu"
     assert entry.registered_height == 1 and entry.public_key == user.identity.public_key
     m = sections.decode_model(app.query(f"/model/{model.hex}").value)
     assert (m.capacity, m.model, m.reputation, m.trusted) == (3, "smollm2-135m", REPUTATION.initial_reputation, True)
@@ -94,8 +97,8 @@ def test_every_tx_kind_is_applied_and_queried(app):
     with pytest.raises(DirectoryFormatError):
         sections.decode_user(b"\xff")
 
-    update_u = txs.update_user(user.identity, "10.1.1.1:7100", user.onion, user.cert, "us", 2)
-    update_m = txs.update_model(model.identity, "10.1.1.2:9100", "gemma3-270m", 9, model.cert, 2)
+    update_u = txs.update_user(user.identity, "10.1.1.1:7100", user.onion, user.cert, "us", 2, chain_id=CHAIN)
+    update_m = txs.update_model(model.identity, "10.1.1.2:9100", "gemma3-270m", 9, model.cert, 2, chain_id=CHAIN)
     assert codes(run_block(app, 2, [update_u, update_m])) == [0, 0]
     entry = pb.UserEntry.FromString(app.query(f"/user/{user.hex}").value)
     assert (entry.address, entry.region, entry.registered_height, entry.updated_height) == ("10.1.1.1:7100", "us", 1, 2)
@@ -108,7 +111,8 @@ def test_every_tx_kind_is_applied_and_queried(app):
     assert [u.node_id for u in d.users] == [user.identity.node_id]
     assert d.model(model.identity.node_id).capacity == 9 and len(d.trusted_models("gemma3-270m")) == 1
 
-    gone = [txs.deregister_user(user.identity, 3), txs.deregister_model(model.identity, 3)]
+    gone = [txs.deregister_user(user.identity, 3, chain_id=CHAIN),
+            txs.deregister_model(model.identity, 3, chain_id=CHAIN)]
     assert codes(run_block(app, 3, gone)) == [0, 0]
     assert app.query(f"/user/{user.hex}").code == appmod.CODE_NOT_FOUND
     assert app.query(f"/model/{model.hex}").code == appmod.CODE_NOT_FOUND
@@ -123,8 +127,8 @@ def test_stateful_rules(app):
     res = run_block(app, 1, [
         a.reg_user(5),
         a.reg_user(6),  # already registered
-        txs.update_user(b.identity, "127.0.0.1:1", b.onion, b.cert, "eu", 1),  # not registered
-        txs.deregister_model(a.identity, 7),  # a is a user, not a model
+        txs.update_user(b.identity, "127.0.0.1:1", b.onion, b.cert, "eu", 1, chain_id=CHAIN),  # not registered
+        txs.deregister_model(a.identity, 7, chain_id=CHAIN),  # a is a user, not a model
         a.reg_model(8),  # the same identity may also run a model node
     ])
     assert codes(res) == [0, txs.CODE_ALREADY_REGISTERED, txs.CODE_NOT_REGISTERED, txs.CODE_NOT_REGISTERED, 0]
@@ -172,7 +176,7 @@ def test_check_tx_refuses_bad_input_without_state_change(app):
 def test_replay_after_deregistration_is_refused(app, tmp_path):
     a = NODES[0]
     register = a.reg_user(1)
-    run_block(app, 1, [register, txs.deregister_user(a.identity, 2)])
+    run_block(app, 1, [register, txs.deregister_user(a.identity, 2, chain_id=CHAIN)])
     assert app.query(f"/user/{a.hex}").code == appmod.CODE_NOT_FOUND
     assert app.check_tx(register).code == txs.CODE_REPLAY
     before = app.info()
@@ -181,7 +185,7 @@ def test_replay_after_deregistration_is_refused(app, tmp_path):
     assert app.query(f"/user/{a.hex}").code == appmod.CODE_NOT_FOUND
     assert before.last_block_app_hash != res.app_hash  # height moved on, but nothing else:
     other = new_app(tmp_path / "other.db")
-    run_block(other, 1, [register, txs.deregister_user(a.identity, 2)])
+    run_block(other, 1, [register, txs.deregister_user(a.identity, 2, chain_id=CHAIN)])
     assert run_block(other, 2, []).app_hash == res.app_hash
     other.close()
 
@@ -218,9 +222,10 @@ def _blocks() -> list[list[bytes]]:
     return [
         [a.reg_user(1), b.reg_model(1, capacity=2)],
         [],
-        [c.reg_user(1, region="ap"), txs.update_model(b.identity, "127.0.0.1:9999", "smollm2-135m", 4, b.cert, 2)],
-        [d.reg_model(1), a.reg_user(1), txs.deregister_user(c.identity, 2)],
-        [txs.update_user(a.identity, "127.0.0.1:7777", a.onion, a.cert, "eu", 9)],
+        [c.reg_user(1, region="ap"),
+         txs.update_model(b.identity, "127.0.0.1:9999", "smollm2-135m", 4, b.cert, 2, chain_id=CHAIN)],
+        [d.reg_model(1), a.reg_user(1), txs.deregister_user(c.identity, 2, chain_id=CHAIN)],
+        [txs.update_user(a.identity, "127.0.0.1:7777", a.onion, a.cert, "eu", 9, chain_id=CHAIN)],
     ]
 
 
@@ -263,7 +268,7 @@ def test_restart_resumes_and_crash_between_finalize_and_commit_replays(tmp_path)
     assert app.info().last_block_app_hash == ref_hashes[2]
     assert app.query("/directory").value != b""
     with pytest.raises(appmod.AppError):
-        app.init_chain("gt-test", [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], b"{}", GENESIS_MS)
+        app.init_chain(CHAIN, [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], b"{}", GENESIS_MS)
     assert run_block(app, 4, blocks[3]).app_hash == ref_hashes[3]  # replay of the lost block
     assert run_block(app, 5, blocks[4]).app_hash == ref_hashes[4]
     app.close()
@@ -360,29 +365,38 @@ def _random_tx(rng, seqs: dict) -> bytes:
     seq = seqs.get(key, 0) + 1 if rng.random() < 0.85 else max(1, seqs.get(key, 0))  # some replays
     seqs[key] = max(seqs.get(key, 0), seq)
     kind = rng.choice(txs.KINDS)
+    address = f"127.0.0.1:{rng.randint(9000, 9003)}"  # few addresses: one address, one node is exercised
     if kind in ("register_user", "update_user"):
-        return getattr(txs, kind)(node.identity, f"127.0.0.1:{rng.randint(1, 65535)}", node.onion, node.cert,
-                                  rng.choice(["eu", "us", "ap"]), seq)
+        return getattr(txs, kind)(node.identity, address, node.onion, node.cert, rng.choice(["eu", "us", "ap"]),
+                                  seq, chain_id=CHAIN)
     if kind in ("register_model", "update_model"):
-        return getattr(txs, kind)(node.identity, "127.0.0.1:9000", rng.choice(["a", "b"]), rng.randint(1, 10),
-                                  node.cert, seq)
-    return getattr(txs, kind)(node.identity, seq)
+        return getattr(txs, kind)(node.identity, address, rng.choice(["a", "b"]), rng.randint(1, 10),
+                                  node.cert, seq, chain_id=CHAIN)
+    return getattr(txs, kind)(node.identity, seq, chain_id=CHAIN)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_random_histories_agree_across_restarts_and_crashes(tmp_path, seed):
+@pytest.mark.parametrize("seed,lease_s", [(1, 300), (2, 5)])  # 5 s: leases end within the 20 blocks
+def test_random_histories_agree_across_restarts_and_crashes(tmp_path, seed, lease_s):
     import random
 
     rng = random.Random(seed)
     seqs: dict = {}
     blocks = [[_random_tx(rng, seqs) for _ in range(rng.randint(0, 6))] for _ in range(20)]
-    steady = new_app(tmp_path / "steady.db")
+    app_state = json.dumps({"registry": {"lease_s": lease_s}}).encode()
+    steady = new_app(tmp_path / "steady.db", app_state)
     seen_codes: set[int] = set()
     path = tmp_path / "flaky.db"
-    flaky = new_app(path)
+    flaky = new_app(path, app_state)
+    listed, lapsed = 0, 0
     for h, block in enumerate(blocks, start=1):
         expected = run_block(steady, h, block)
         seen_codes |= set(codes(expected))
+        d = decode_directory(steady.query("/directory").value)
+        assert all(r.expires_ms > ctx(h).time_ms for r in d.users + d.models)  # a lapsed lease is gone
+        kinds = [tx_kind(tx) for tx, code in zip(block, codes(expected)) if code == 0]
+        if len(d.users) + len(d.models) < listed and not any(k.startswith("deregister") for k in kinds):
+            lapsed += 1
+        listed = len(d.users) + len(d.models)
         if rng.random() < 0.3:  # crash after FinalizeBlock, before Commit
             assert flaky.finalize_block(block, ctx(h)).app_hash == expected.app_hash
             flaky.close()
@@ -395,5 +409,13 @@ def test_random_histories_agree_across_restarts_and_crashes(tmp_path, seed):
             flaky = RegistryApp(path)
         assert flaky.info() == steady.info()
         assert flaky.query("/directory").value == steady.query("/directory").value
-    assert {0, txs.CODE_REPLAY, txs.CODE_ALREADY_REGISTERED, txs.CODE_NOT_REGISTERED} <= seen_codes
+        # the address index a restarted app rebuilds refuses exactly what the steady one refuses
+        probe = _random_tx(rng, dict(seqs))
+        assert flaky.check_tx(probe) == steady.check_tx(probe)
+    assert {0, txs.CODE_REPLAY, txs.CODE_NOT_REGISTERED, txs.CODE_ADDRESS_TAKEN} <= seen_codes
+    assert (lapsed > 0) == (lease_s * 1000 < len(blocks) * 1000)  # records leave only when leases end
     steady.close(), flaky.close()
+
+
+def tx_kind(raw: bytes) -> str:
+    return txs.decode_tx(raw, CHAIN).kind

@@ -189,7 +189,7 @@ async def test_a_whole_chain_over_four_connections(server):
 
     user = Identity.from_seed(bytes([9]) * 32)
     reg = txs.register_user(user, "127.0.0.1:7000", OnionKey.generate().public_key,
-                            make_self_signed(user).cert_pem, "eu", 1)
+                            make_self_signed(user).cert_pem, "eu", 1, chain_id="gt-golden")
     number, body = await mempool.call(request(8, bytes_field(1, reg)))
     assert number == 9 and field(body, 1, 0) == 0
 

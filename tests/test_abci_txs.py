@@ -17,11 +17,12 @@ BOB = Identity.from_seed(bytes([2]) * 32)
 ALICE_CERT = make_self_signed(ALICE).cert_pem
 BOB_CERT = make_self_signed(BOB).cert_pem
 ONION = OnionKey.generate().public_key
+CHAIN = "gt-test"
 
 
 def _code(raw: bytes) -> int:
     with pytest.raises(TxError) as info:
-        decode_tx(raw)
+        decode_tx(raw, CHAIN)
     return info.value.code
 
 
@@ -33,26 +34,27 @@ def _resign(body: pb.TxBody, identity: Identity = ALICE) -> bytes:
 
 def test_every_builder_round_trips():
     built = {
-        "register_user": txs.register_user(ALICE, "127.0.0.1:7001", ONION, ALICE_CERT, "eu-west", 1),
-        "update_user": txs.update_user(ALICE, "[::1]:7002", ONION, ALICE_CERT, "us", 2),
-        "deregister_user": txs.deregister_user(ALICE, 3),
-        "register_model": txs.register_model(BOB, "node.example.org:9000", "smollm2-135m", 7, BOB_CERT, 10),
-        "update_model": txs.update_model(BOB, "10.0.0.2:9000", "gemma3-270m", 10, BOB_CERT, 11),
-        "deregister_model": txs.deregister_model(BOB, 12),
+        "register_user": txs.register_user(ALICE, "127.0.0.1:7001", ONION, ALICE_CERT, "eu-west", 1, chain_id=CHAIN),
+        "update_user": txs.update_user(ALICE, "[::1]:7002", ONION, ALICE_CERT, "us", 2, chain_id=CHAIN),
+        "deregister_user": txs.deregister_user(ALICE, 3, chain_id=CHAIN),
+        "register_model": txs.register_model(BOB, "node.example.org:9000", "smollm2-135m", 7, BOB_CERT, 10,
+                                             chain_id=CHAIN),
+        "update_model": txs.update_model(BOB, "10.0.0.2:9000", "gemma3-270m", 10, BOB_CERT, 11, chain_id=CHAIN),
+        "deregister_model": txs.deregister_model(BOB, 12, chain_id=CHAIN),
     }
     for kind, raw in built.items():
-        tx = decode_tx(raw)
+        tx = decode_tx(raw, CHAIN)
         assert tx.kind == kind
         assert tx.raw == raw and len(tx.hash) == 32
-    user = decode_tx(built["update_user"])
+    user = decode_tx(built["update_user"], CHAIN)
     assert user.signer == ALICE.public_key and user.sequence == 2 and user.node_id == ALICE.node_id
     assert user.payload == txs.UserInfo("[::1]:7002", ONION, ALICE_CERT, "us")
-    model = decode_tx(built["register_model"]).payload
+    model = decode_tx(built["register_model"], CHAIN).payload
     assert model == txs.ModelInfo("node.example.org:9000", "smollm2-135m", 7, BOB_CERT)
 
 
 def test_tampered_body_or_foreign_signature_is_a_bad_signature():
-    raw = txs.register_user(ALICE, "127.0.0.1:7001", ONION, ALICE_CERT, "eu", 1)
+    raw = txs.register_user(ALICE, "127.0.0.1:7001", ONION, ALICE_CERT, "eu", 1, chain_id=CHAIN)
     signed = pb.SignedTx.FromString(raw)
     body = pb.TxBody.FromString(signed.body)
     body.register_user.region = "us"  # changed after signing
@@ -65,7 +67,7 @@ def test_tampered_body_or_foreign_signature_is_a_bad_signature():
 
 
 def test_signature_does_not_verify_without_the_domain_tag():
-    raw = txs.deregister_user(ALICE, 5)
+    raw = txs.deregister_user(ALICE, 5, chain_id=CHAIN)
     signed = pb.SignedTx.FromString(raw)
     undomained = pb.SignedTx(body=signed.body, signature=ALICE.sign(signed.body))
     assert _code(undomained.SerializeToString()) == txs.CODE_BAD_SIGNATURE
@@ -77,7 +79,7 @@ def test_oversize_is_refused_before_decoding():
 
 def test_garbage_and_non_canonical_encodings_are_malformed():
     assert _code(b"\x00garbage") == txs.CODE_MALFORMED
-    raw = txs.deregister_user(ALICE, 5)
+    raw = txs.deregister_user(ALICE, 5, chain_id=CHAIN)
     assert _code(raw + b"\x18\x01") == txs.CODE_MALFORMED  # unknown field 3 appended
     signed = pb.SignedTx.FromString(raw)
     # the same body with a field written twice decodes to the same message: still refused
@@ -87,8 +89,8 @@ def test_garbage_and_non_canonical_encodings_are_malformed():
 
 
 def test_missing_kind_and_bad_signer_length():
-    assert _code(_resign(pb.TxBody(signer=ALICE.public_key, sequence=1))) == txs.CODE_UNKNOWN_KIND
-    body = pb.TxBody(signer=ALICE.public_key[:31], sequence=1, deregister_user=pb.Deregistration())
+    assert _code(_resign(pb.TxBody(chain_id=CHAIN, signer=ALICE.public_key, sequence=1))) == txs.CODE_UNKNOWN_KIND
+    body = pb.TxBody(chain_id=CHAIN, signer=ALICE.public_key[:31], sequence=1, deregister_user=pb.Deregistration())
     assert _code(_resign(body)) == txs.CODE_MALFORMED
 
 
@@ -102,7 +104,7 @@ def test_missing_kind_and_bad_signer_length():
 def test_malformed_user_fields_are_refused(field, value):
     reg = pb.UserRegistration(address="127.0.0.1:7001", onion_key=ONION, tls_cert_pem=ALICE_CERT, region="eu")
     setattr(reg, field, value)
-    body = pb.TxBody(signer=ALICE.public_key, sequence=1, register_user=reg)
+    body = pb.TxBody(chain_id=CHAIN, signer=ALICE.public_key, sequence=1, register_user=reg)
     assert _code(_resign(body)) == txs.CODE_INVALID_FIELD
 
 
@@ -112,16 +114,16 @@ def test_malformed_user_fields_are_refused(field, value):
 def test_malformed_model_fields_are_refused(field, value):
     reg = pb.ModelRegistration(address="127.0.0.1:9000", model="smollm2-135m", capacity=5, tls_cert_pem=ALICE_CERT)
     setattr(reg, field, value)
-    body = pb.TxBody(signer=ALICE.public_key, sequence=1, register_model=reg)
+    body = pb.TxBody(chain_id=CHAIN, signer=ALICE.public_key, sequence=1, register_model=reg)
     assert _code(_resign(body)) == txs.CODE_INVALID_FIELD
 
 
 def test_builders_refuse_bad_fields_and_sequences_at_the_client():
     with pytest.raises(TxError):
-        txs.register_model(ALICE, "127.0.0.1:9000", "m", 11, ALICE_CERT, 1)
+        txs.register_model(ALICE, "127.0.0.1:9000", "m", 11, ALICE_CERT, 1, chain_id=CHAIN)
     with pytest.raises(TxError):
-        txs.deregister_user(ALICE, 0)
-    assert _code(_resign(pb.TxBody(signer=ALICE.public_key, sequence=0,
+        txs.deregister_user(ALICE, 0, chain_id=CHAIN)
+    assert _code(_resign(pb.TxBody(chain_id=CHAIN, signer=ALICE.public_key, sequence=0,
                                    deregister_user=pb.Deregistration()))) == txs.CODE_INVALID_FIELD
 
 
@@ -129,7 +131,7 @@ def test_builders_refuse_bad_fields_and_sequences_at_the_client():
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash_the_decoder(data):
     try:
-        decode_tx(data)
+        decode_tx(data, CHAIN)
     except TxError as exc:
         assert exc.code in (txs.CODE_MALFORMED, txs.CODE_BAD_SIGNATURE, txs.CODE_UNKNOWN_KIND,
                             txs.CODE_INVALID_FIELD)
@@ -138,12 +140,12 @@ def test_random_bytes_never_crash_the_decoder(data):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(min_value=0, max_value=2000), st.integers(min_value=0, max_value=255))
 def test_any_single_byte_flip_is_refused(pos, delta):
-    raw = bytearray(txs.register_user(ALICE, "127.0.0.1:7001", ONION, ALICE_CERT, "eu", 1))
+    raw = bytearray(txs.register_user(ALICE, "127.0.0.1:7001", ONION, ALICE_CERT, "eu", 1, chain_id=CHAIN))
     if delta == 0:
         return
     raw[pos % len(raw)] ^= delta
     with pytest.raises(TxError):
-        decode_tx(bytes(raw))
+        decode_tx(bytes(raw), CHAIN)
 
 
 @settings(max_examples=80, deadline=None)
@@ -153,13 +155,13 @@ def test_random_certificate_bodies_are_refused_not_raised(der):
 
     pem = b"-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(der) + b"-----END CERTIFICATE-----\n"
     reg = pb.UserRegistration(address="127.0.0.1:7001", onion_key=ONION, tls_cert_pem=pem, region="eu")
-    raw = _resign(pb.TxBody(signer=ALICE.public_key, sequence=1, register_user=reg))
+    raw = _resign(pb.TxBody(chain_id=CHAIN, signer=ALICE.public_key, sequence=1, register_user=reg))
     assert _code(raw) == txs.CODE_INVALID_FIELD
 
 
 def test_model_onion_key_is_carried_and_checked():
-    raw = txs.register_model(BOB, "127.0.0.1:9000", "smollm2-135m", 5, BOB_CERT, 1, onion_key=ONION)
-    assert decode_tx(raw).payload.onion_key == ONION
+    raw = txs.register_model(BOB, "127.0.0.1:9000", "smollm2-135m", 5, BOB_CERT, 1, onion_key=ONION, chain_id=CHAIN)
+    assert decode_tx(raw, CHAIN).payload.onion_key == ONION
     with pytest.raises(TxError) as err:
-        txs.register_model(BOB, "127.0.0.1:9000", "smollm2-135m", 5, BOB_CERT, 2, onion_key=bytes(32))
+        txs.register_model(BOB, "127.0.0.1:9000", "smollm2-135m", 5, BOB_CERT, 2, onion_key=bytes(32), chain_id=CHAIN)
     assert err.value.code == txs.CODE_INVALID_FIELD and "onion_key" in str(err.value)

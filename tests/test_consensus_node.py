@@ -134,7 +134,7 @@ async def test_four_processes_commit_survive_a_kill_and_catch_up(tmp_path):
         members = [Member(k) for k in range(4)]
         channel, stub = await committee.stub(0)
         for m in members[:2]:
-            await submit(stub, m.register())
+            await submit(stub, m.register("test-committee"))
         await channel.close()
         for i in range(4):
             for m in members[:2]:
@@ -153,7 +153,7 @@ async def test_four_processes_commit_survive_a_kill_and_catch_up(tmp_path):
         before = (await committee.status(0)).height
         channel, stub = await committee.stub(1)
         for m in members[2:]:
-            await submit(stub, m.register())
+            await submit(stub, m.register("test-committee"))
         await channel.close()
         for i in range(3):
             for m in members[2:]:

@@ -61,7 +61,7 @@ async def test_bad_input_is_refused_and_the_node_goes_on(home):
         reply = await stub.SubmitTx(pb.TxRequest(tx=b"not a transaction"), timeout=5)
         assert reply.code != 0 and reply.log
         member = Member(1)
-        tx = member.register()
+        tx = member.register(genesis.chain_id)
         # twice within one turn of the event loop: no block can take it out in between
         assert (await node.submit_tx(tx, forwarded=False)).code == 0
         assert (await node.submit_tx(tx, forwarded=False)).code == CODE_IN_MEMPOOL

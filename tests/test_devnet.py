@@ -2,8 +2,11 @@
 
 The devnet test starts real processes: 4 `gt-verifier`, 1 honest and 1 dishonest `gt-model
 serve` (real vLLM engines on CPU: their start-up dominates the run time) and the minimum of
-user nodes (n = 4 paths need that many relays), then checks that `down` leaves nothing
-running. The demo runs 12 users; the test runs fewer to stay small in `make test`.
+user nodes (n = 4 paths need that many relays), every model and user node registering itself
+with the committee (nothing shared but the genesis); it asks, has the model group forward one
+request (the two model nodes claim the same model, so they form one group), watches the
+cheater become untrusted, then checks that `down` leaves nothing running. The demo runs 2
+honest nodes and 12 users; the test runs fewer to stay small in `make test`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pytest
 
 from devnet import demo
 from devnet import network as devnet
-from gentorrent.config import CLOVES, DEVNET
+from gentorrent.config import CLOVES, DEVNET, ROUTING
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,8 +53,7 @@ def test_model_node_config_unknown_section_is_a_clear_error(tmp_path):
 
 def test_user_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
     (tmp_path / "config.toml").write_text("[overlay]\nmaintenance_interval_sec = 3.0\n")
-    (tmp_path / "directory.json").write_text("{}")
-    out = _cli("user_client.cli", "start", "--home", str(tmp_path), "--directory", str(tmp_path / "directory.json"))
+    out = _cli("user_client.cli", "start", "--home", str(tmp_path), "--committee", str(tmp_path / "genesis.json"))
     assert out.returncode == 64
     assert "overlay.maintenance_interval_sec: unknown key (did you mean 'maintenance_interval_s'?)" in out.stderr
     assert not (tmp_path / "node.json").exists()
@@ -97,6 +99,14 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         assert all(hop in relays for path in answer["route"] for hop in path)
         assert "u00" not in {hop for path in answer["route"] for hop in path[-1:]}  # not its own proxy
 
+        # one request the model group forwarded: sent to the second node, whose Hash-Radix tree
+        # matched the prefix the first one served (both registered themselves; forwarding is on)
+        forwarded = demo.show_forwarding(state, root, pair=(models[0], models[1]))
+        assert forwarded is not None, "no request was forwarded"
+        assert forwarded["sent_to"] == models[1].node_id and forwarded["served_by"] == models[0].node_id
+        assert forwarded["forward"]["depth"] >= ROUTING.match_depth_threshold
+        assert not list(root.rglob("directory.json"))  # nothing shared but the genesis
+
         # status: every node up; the committee's certified directory lists every node
         report = devnet.status(root)
         assert all(row["running"] for row in report["nodes"])
@@ -133,5 +143,5 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
     finally:
         stopped = devnet.down(root)
     engines = 2 + len(state.of_role(devnet.REFERENCE))
-    assert len(stopped) == DEVNET.verifiers + engines + shape.users + 1  # + the directory mirror
+    assert len(stopped) == DEVNET.verifiers + engines + shape.users
     assert devnet.running(root) == []

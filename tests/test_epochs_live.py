@@ -53,6 +53,7 @@ from verifier.epochs.wiring import attach_epochs
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2-135m"
+CHAIN = "live"
 PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0,
                              challenge_spread_s=3.0)
 
@@ -60,7 +61,7 @@ PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_to
 class LiveCommittee:
     def __init__(self, tmp: Path) -> None:
         assert cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(tmp / "committee"),
-                         "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", "live"]) == 0
+                         "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", CHAIN]) == 0
         self.homes = [tmp / "committee" / f"v{i}" for i in range(4)]
         self.nodes: list[VerifierNode] = []
         self.runners = []
@@ -113,7 +114,7 @@ class LiveCommittee:
 
 def register_on_chain(home: Path, address: str, cert_pem: bytes) -> bytes:
     keys = NodeKeys.load_or_create(home)
-    return txs.register_model(keys.identity, address, MODEL, 5, cert_pem, 1)
+    return txs.register_model(keys.identity, address, MODEL, 5, cert_pem, 1, chain_id=CHAIN)
 
 
 class EchoNodes:

@@ -25,6 +25,7 @@ MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
 MODELS = [Identity.from_seed(bytes([60 + i]) * 32) for i in range(3)]
 T0 = 1_700_000_000_000
 MODEL = "smollm2-135m"
+CHAIN = "gt-epochs"
 
 
 class Chain:
@@ -32,7 +33,7 @@ class Chain:
 
     def __init__(self, path):
         self.app = RegistryApp(path)
-        self.app.init_chain("gt-epochs", [ValidatorInfo(m.public_key, 1) for m in MEMBERS], b"", T0)
+        self.app.init_chain(CHAIN, [ValidatorInfo(m.public_key, 1) for m in MEMBERS], b"", T0)
         self.height = 0
         self.time_ms = T0
         self.seq: dict[bytes, int] = {}
@@ -64,14 +65,14 @@ class Chain:
 @pytest.fixture
 def chain(tmp_path):
     c = Chain(tmp_path / "app.db")
-    c.block([txs.register_model(m, f"127.0.0.1:{9000 + i}", MODEL, 5, make_self_signed(m).cert_pem, 1)
+    c.block([txs.register_model(m, f"127.0.0.1:{9000 + i}", MODEL, 5, make_self_signed(m).cert_pem, 1, chain_id=CHAIN)
              for i, m in enumerate(MODELS)])
     yield c
     c.close()
 
 
 def register_keys(chain: Chain) -> None:
-    codes = chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m))
+    codes = chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m), chain_id=CHAIN)
                          for m in MEMBERS])
     assert codes == [0, 0, 0, 0]
 
@@ -80,7 +81,7 @@ def elect(chain: Chain) -> Identity:
     sec = chain.section
     epoch, seed = sec.current.epoch, sec.current.seed
     proofs = [epoch_txs.vrf_proof(m, epoch, vrf.prove_leadership(vrf_secret_of(m), "gt-epochs", epoch, seed),
-                                  chain.next_seq(m)) for m in MEMBERS]
+                                  chain.next_seq(m), chain_id=CHAIN) for m in MEMBERS]
     assert chain.block(proofs) == [0, 0, 0, 0]
     sec = chain.section
     assert sec.current.phase == rules.PLANNING
@@ -108,28 +109,30 @@ def run_to_replies(chain: Chain, replies_for=None) -> tuple[Identity, int, dict]
     epoch = chain.section.current.epoch
     prompts = prompts_for(epoch)
     plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items()]
-    assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader))]) == [0]
+    assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     assert chain.section.current.phase == rules.PROBING
     items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in MODELS]))(prompts)
-    assert chain.block([epoch_txs.replies(leader, epoch, items, chain.next_seq(leader))]) == [0]
+    assert chain.block([epoch_txs.replies(leader, epoch, items, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     return leader, epoch, prompts
 
 
 def attest(chain: Chain, members, epoch: int, scores: dict[bytes, tuple[int, int]]) -> list[int]:
     return chain.block([epoch_txs.attestation(m, epoch, [(n, s, v) for n, (s, v) in scores.items()],
-                                              chain.next_seq(m)) for m in members])
+                                              chain.next_seq(m), chain_id=CHAIN) for m in members])
 
 
 def test_epochs_open_only_once_a_quorum_registered_keys(chain):
     assert chain.section.epoch == 0
     m0 = MEMBERS[0]
-    bad = epoch_txs.member_keys(MODELS[0], bytes(32), bytes([1]) * 32, 5)
+    bad = epoch_txs.member_keys(MODELS[0], bytes(32), bytes([1]) * 32, 5, chain_id=CHAIN)
     assert chain.app.check_tx(bad).code == txs.CODE_UNAUTHORIZED  # a model node is no member
-    assert chain.block([epoch_txs.member_keys(m0, vrf_public_of(m0), bytes([7]) * 32, chain.next_seq(m0))]) == [0]
+    assert chain.block([epoch_txs.member_keys(m0, vrf_public_of(m0), bytes([7]) * 32, chain.next_seq(m0),
+                                              chain_id=CHAIN)]) == [0]
     assert chain.section.epoch == 0
-    again = epoch_txs.member_keys(m0, vrf_public_of(m0), bytes([7]) * 32, chain.next_seq(m0))
+    again = epoch_txs.member_keys(m0, vrf_public_of(m0), bytes([7]) * 32, chain.next_seq(m0), chain_id=CHAIN)
     assert chain.app.check_tx(again).code == txs.CODE_INVALID_FIELD  # keys are for life
-    chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m)) for m in MEMBERS[1:]])
+    chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m), chain_id=CHAIN)
+                 for m in MEMBERS[1:]])
     sec = chain.section
     assert sec.epoch == 1 and sec.current.phase == rules.ELECTING and sec.current.seed == bytes([chain.height]) * 32
 
@@ -140,15 +143,15 @@ def test_a_wrong_vrf_proof_or_a_non_leader_plan_is_refused_and_changes_nothing(c
     m = MEMBERS[1]
     wrong = vrf.prove_leadership(vrf_secret_of(m), "gt-epochs", 1, bytes(32))  # over another seed
     before = chain.app.query("/epochs").value
-    assert chain.app.check_tx(epoch_txs.vrf_proof(m, 1, wrong, 99)).code == txs.CODE_INVALID_FIELD
+    assert chain.app.check_tx(epoch_txs.vrf_proof(m, 1, wrong, 99, chain_id=CHAIN)).code == txs.CODE_INVALID_FIELD
     assert chain.app.query("/epochs").value == before
     leader = elect(chain)
     other = next(x for x in MEMBERS if x != leader)
     plan = [(MODELS[0].node_id, bytes(32))]
-    assert chain.app.check_tx(epoch_txs.plan(other, 1, plan, 1000)).code == txs.CODE_UNAUTHORIZED
-    assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000)).code == rules.CODE_WRONG_PHASE
+    assert chain.app.check_tx(epoch_txs.plan(other, 1, plan, 1000, chain_id=CHAIN)).code == txs.CODE_UNAUTHORIZED
+    assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000, chain_id=CHAIN)).code == rules.CODE_WRONG_PHASE
     unknown = [(bytes([9]) * 32, bytes(32))]
-    assert chain.app.check_tx(epoch_txs.plan(leader, 1, unknown, 1000)).code == txs.CODE_INVALID_FIELD
+    assert chain.app.check_tx(epoch_txs.plan(leader, 1, unknown, 1000, chain_id=CHAIN)).code == txs.CODE_INVALID_FIELD
     assert sec.epoch == chain.section.epoch
 
 
@@ -177,7 +180,8 @@ def test_an_honest_epoch_applies_median_scores_and_reputation(chain):
         expected = rep.update(rep.initial_state(REPUTATION), cred, REPUTATION)
         assert chain.model(ident).reputation == pytest.approx(expected.reputation, abs=1e-12)
     # late attestation of a closed epoch: refused
-    assert chain.app.check_tx(epoch_txs.attestation(MEMBERS[3], epoch, [], 1000)).code == rules.CODE_WRONG_PHASE
+    late = epoch_txs.attestation(MEMBERS[3], epoch, [], 1000, chain_id=CHAIN)
+    assert chain.app.check_tx(late).code == rules.CODE_WRONG_PHASE
 
 
 def test_a_cheater_becomes_untrusted_over_epochs_and_honest_stays_trusted(chain):
@@ -263,13 +267,13 @@ def test_a_dropped_reply_is_probed_by_the_others_and_exposes_the_leader(chain):
     leader, epoch, _ = run_to_replies(chain, drop_first)
     others = [m for m in MEMBERS if m != leader]
     dropped = MODELS[0].node_id
-    report = epoch_txs.probe_report(leader, epoch, dropped, False, chain.next_seq(leader))
+    report = epoch_txs.probe_report(leader, epoch, dropped, False, chain.next_seq(leader), chain_id=CHAIN)
     assert chain.app.check_tx(report).code == txs.CODE_UNAUTHORIZED  # the leader cannot probe too
     scores = {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)}
     attest(chain, MEMBERS[:3], epoch, scores)
     assert chain.section.current.phase == rules.RESOLVING
     for i, m in enumerate(others):
-        chain.block([epoch_txs.probe_report(m, epoch, dropped, True, chain.next_seq(m))])
+        chain.block([epoch_txs.probe_report(m, epoch, dropped, True, chain.next_seq(m), chain_id=CHAIN)])
         if i < 2:
             assert chain.section.current.epoch == epoch
     summary = chain.section.history[-1]
@@ -288,7 +292,8 @@ def test_a_node_that_fails_other_members_probes_is_punished(chain):
     leader, epoch, _ = run_to_replies(chain, missing_first)
     others = [m for m in MEMBERS if m != leader]
     attest(chain, MEMBERS[:3], epoch, {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)})
-    chain.block([epoch_txs.probe_report(others[0], epoch, MODELS[0].node_id, False, chain.next_seq(others[0]))])
+    chain.block([epoch_txs.probe_report(others[0], epoch, MODELS[0].node_id, False, chain.next_seq(others[0]),
+                                        chain_id=CHAIN)])
     summary = chain.section.history[-1]  # 1 (leader) + 1 failures: 2 * 3 > 4 -> punished, epoch done
     assert summary.epoch == epoch and summary.phase == rules.DONE and not summary.faulty_leader
     assert {s.node_id: s.score_micros for s in summary.result}[MODELS[0].node_id] == 0

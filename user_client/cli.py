@@ -1,14 +1,17 @@
 """gt-user: run a user node and ask through the anonymous overlay.
 
-    gt-user start --home DIR --directory FILE [--listen H:P] [--api-listen H:P] [--region R]
+    gt-user start --home DIR --committee GENESIS [--listen H:P [--advertise H:P]] [--api-listen H:P]
+                  [--region R]
     gt-user ask "PROMPT" [--home DIR] [--model NAME] [--stream] [--session ID] [--json]
     gt-user status [--home DIR] [--json]
-    gt-user serve-api --listen 127.0.0.1:PORT --home DIR --directory FILE
+    gt-user serve-api --listen 127.0.0.1:PORT --home DIR --committee GENESIS
 
-`start` runs the node in the foreground (relay for others, keep proxy paths, local API) and
-writes DIR/node.json naming its local API, which `ask` and `status` talk to. `serve-api` is
-`start` with the OpenAI-compatible API on a chosen address. The directory is a static JSON
-file (--directory) or the committee (--committee GENESIS: light-client-checked registry).
+`start` registers the node with the committee of GENESIS (a signed transaction, waited for
+until it is committed, then renewed), runs it in the foreground (relay for others, keep proxy
+paths, local API) from the committee's light-client-checked directory, and writes
+DIR/node.json naming its local API, which `ask` and `status` talk to. `serve-api` is `start`
+with the OpenAI-compatible API on a chosen address. `--directory FILE` (a static JSON
+directory instead of the committee) is for tests and benchmarks of the overlay alone.
 """
 
 from __future__ import annotations
@@ -44,18 +47,18 @@ class CliError(Exception):
 
 def _directory(args):
     if args.committee:
-        try:
-            from gentorrent.ledger.committee import CommitteeDirectory
-        except ImportError as exc:
-            raise CliError(f"--committee is not available in this build: {exc}", EXIT_USAGE) from exc
+        from gentorrent.ledger.committee import CommitteeDirectory
+
         try:
             return CommitteeDirectory.from_args(args.committee, Path(args.home))
         except (OSError, ValueError) as exc:
             raise CliError(f"cannot use the committee genesis {args.committee}: {exc}", EXIT_USAGE) from exc
-    path = Path(args.directory) if args.directory else Path(args.home) / "directory.json"
+    if not args.directory:
+        raise CliError("give --committee GENESIS: the committee's genesis file (genesis.json), from which this "
+                       "node registers itself and reads the directory", EXIT_USAGE)
+    path = Path(args.directory)
     if not path.exists():
-        raise CliError(f"no directory: {path} does not exist (give --directory FILE or --committee GENESIS)",
-                       EXIT_USAGE)
+        raise CliError(f"no directory: {path} does not exist", EXIT_USAGE)
     from gentorrent.ledger.directory import StaticDirectory
 
     return StaticDirectory(path)
@@ -79,11 +82,22 @@ async def _run_node(args, api_listen: str) -> None:
     from user_client.node import UserNode
     from user_client.openai_api import ApiServer
 
+    from gentorrent.ledger.committee import RegistrationError
+    from gentorrent.ledger.txs import TxError, check_listen
+
     home = Path(args.home)
     conf = _load_config(home)
+    try:
+        check_listen(args.listen, args.advertise)
+    except TxError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
     node = UserNode(home, _directory(args), listen=args.listen, region=args.region,
                     cloves=conf["cloves"], params=conf["overlay"], advertise=args.advertise)
-    await node.start(build_paths=False)
+    try:
+        await node.start(build_paths=False)
+    except (RegistrationError, TxError) as exc:
+        await node.stop()
+        raise CliError(f"cannot join the network: {exc}", EXIT_NO_NODE) from exc
     api = ApiServer(node, api_listen)
     await api.start()
     info = {"pid": os.getpid(), "address": node.address, "api": api.url, "node_id": node.node_id_hex}
@@ -205,13 +219,15 @@ def cmd_status(args) -> int:
 
 def _node_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=str(DEFAULT_HOME), help="node home (keys, TLS, node.json)")
-    p.add_argument("--directory", help="static directory JSON file (default HOME/directory.json)")
     p.add_argument("--committee", metavar="GENESIS",
-                   help="the committee's genesis file: fetch the checked directory and register there")
+                   help="the committee's genesis file: register this node there and work from its checked "
+                        "directory")
+    p.add_argument("--directory", metavar="FILE",
+                   help="TESTS AND BENCHMARKS ONLY: a static directory JSON file instead of the committee")
     p.add_argument("--region", default="default")
     p.add_argument("--advertise", metavar="H:P",
                    help="relay address to register, when peers reach this node elsewhere than --listen "
-                        "(a port forward); default: the address it listens on")
+                        "(a wildcard listen address, a port forward); default: the address it listens on")
 
 
 def parser() -> argparse.ArgumentParser:

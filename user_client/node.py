@@ -30,6 +30,7 @@ from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
+from gentorrent.ledger.txs import advertised_address, check_listen
 from user_client.paths import PathManager
 
 log = logging.getLogger(__name__)
@@ -85,14 +86,15 @@ class UserNode:
                           tls_cert_pem=self.tls.cert_pem, region=self.region)
 
     async def start(self, build_paths: bool = True) -> None:
-        """Listen, register with the directory, then (optionally) build the first paths.
+        """Listen, register with the directory (the committee's: a signed registration,
+        waited for until it is committed), then (optionally) build the first paths.
 
         The relay server demands a client certificate and admits exactly the registered ones
         (mutual TLS; the roots follow the directory at every new connection)."""
+        check_listen(self.listen, self.advertise)  # a wildcard without --advertise: stop here
         self.index = PeerIndex(self.directory, on_miss=self._refresh_soon)
         server, port = tls.new_server(self.tls, self.listen, client_roots=self._client_roots)
-        host = self.listen.rpartition(":")[0]
-        self.address = self.advertise or f"{host}:{port}"
+        self.address = advertised_address(self.listen, port, self.advertise)
         self.relay = Relay(self.keys.onion, self.node_id_hex, self.keys.identity, self.index, self.channels,
                            self.params, tap=self.tap)
         rpc.add_RelayServicer_to_server(self.relay, server)
@@ -148,6 +150,7 @@ class UserNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.directory.close()  # stop renewing the registration
         if self.relay is not None:
             await self.relay.close()
         if self._server is not None:
@@ -187,6 +190,7 @@ class UserNode:
             "address": self.address,
             "region": self.region,
             "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0,
+            "directory_height": getattr(self.directory, "height", 0),  # the committee's, when it is one
             "paths": self.paths.status() if self.paths else {},
             "relay": self.relay.status() if self.relay else {},
             "asking": self.asker.status() if self.asker else {},

@@ -1,15 +1,16 @@
 """`gt-verifier`: set up, run and inspect a member of the verification committee.
 
     gt-verifier init --validators 4 --out ./committee [--chain-id ID] [--base-port 26650]
-                     [--host 127.0.0.1] [--timeouts default|fast]
+                     [--host 127.0.0.1] [--timeouts default|fast] [--lease-s S]
         keys, TLS certificates and one shared genesis for a committee of N, in N home dirs
     gt-verifier init --home DIR --join GENESIS --listen HOST:PORT
         a non-validating node that follows an existing committee (serves queries, relays txs)
     gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
-                      [--epochs --reference-model HOST:PORT --reference-cert FILE [--probe-directory FILE]
-                       [--challenge-spread-s S]]
+                      [--epochs --reference-model HOST:PORT --reference-cert FILE
+                       [--probe-listen H:P [--probe-advertise H:P]] [--challenge-spread-s S]]
         run the node (embedded Tendermint consensus), or serve the application to CometBFT;
-        --epochs also runs verification epochs (verifier.epochs.runner) with that reference model
+        --epochs also runs verification epochs (verifier.epochs.runner) with that reference model,
+        probing through a user node of its own that registers with the committee
     gt-verifier status --home DIR [--address HOST:PORT]
         height, app hash, peers, last commit time (JSON)
 """
@@ -56,7 +57,12 @@ def cmd_init(args: argparse.Namespace) -> int:
         listen = f"{args.host}:{args.base_port + i}"
         NodeConfig(moniker=f"v{i}", listen=listen, timeouts=args.timeouts).save(home)
         validators.append(GenesisValidator(f"v{i}", keys.identity.public_key, 1, listen, tls.cert_pem))
-    genesis = Genesis(args.chain_id, int(time.time() * 1000), tuple(validators), {})
+    app_state = {"registry": {"lease_s": args.lease_s}} if args.lease_s is not None else {}
+    try:
+        genesis = Genesis(args.chain_id, int(time.time() * 1000), tuple(validators), app_state)
+    except GenesisError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for home in homes:
         genesis.save(home / "genesis.json")
     print(json.dumps({"chain_id": args.chain_id, "homes": [str(h) for h in homes],
@@ -84,10 +90,12 @@ def _init_join(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from gentorrent.ledger.committee import RegistrationError
+
     home = Path(args.home)
     try:
         return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard, _epoch_args(args)))
-    except (GenesisError, ValueError, OSError) as exc:
+    except (GenesisError, ValueError, OSError, RegistrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
@@ -100,8 +108,11 @@ def _epoch_args(args: argparse.Namespace) -> dict | None:
         raise ValueError("--epochs needs --reference-model HOST:PORT and --reference-cert FILE")
     if not Path(args.reference_cert).is_file():
         raise ValueError(f"--reference-cert {args.reference_cert}: no such file")
+    from gentorrent.ledger.txs import check_listen
+
+    check_listen(args.probe_listen, args.probe_advertise)  # its probing user node registers its address
     return {"address": args.reference_model, "cert": Path(args.reference_cert),
-            "probe_directory": Path(args.probe_directory) if args.probe_directory else None,
+            "probe_listen": args.probe_listen, "probe_advertise": args.probe_advertise,
             "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s)}  # checks the range
 
 
@@ -132,8 +143,9 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
         from verifier.epochs.reference import RemoteReference
         from verifier.epochs.wiring import attach_epochs
 
-        await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]),
-                            epochs["probe_directory"], epochs["params"])
+        await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]), "committee",
+                            epochs["params"], user_listen=epochs["probe_listen"],
+                            user_kwargs={"advertise": epochs["probe_advertise"]})
         print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
     # --- status page and /metrics: read-only views of the running node
     live = None
@@ -186,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--host", default="127.0.0.1")
     i.add_argument("--base-port", type=int, default=26650)
     i.add_argument("--timeouts", choices=("default", "fast"), default="default")
+    i.add_argument("--lease-s", type=float, default=None, metavar="S",
+                   help="how long a node's registration lasts without renewal (genesis app_state; "
+                        "default: config REGISTRY.lease_s)")
     i.add_argument("--join", metavar="GENESIS", help="join the committee of this genesis as an observer")
     i.add_argument("--home")
     i.add_argument("--listen")
@@ -200,8 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reference-model", metavar="HOST:PORT",
                    help="a `gt-model serve` with the honest weights: writes questions, scores replies")
     s.add_argument("--reference-cert", metavar="FILE", help="its TLS certificate (pinned)")
-    s.add_argument("--probe-directory", metavar="FILE",
-                   help="the overlay's directory file: this member's own user node probes through it")
+    s.add_argument("--probe-listen", metavar="HOST:PORT", default="127.0.0.1:0",
+                   help="relay address of this member's own (probing) user node; it registers with the committee "
+                        "like any user node (default %(default)s: a single-machine network)")
+    s.add_argument("--probe-advertise", metavar="HOST:PORT",
+                   help="the address to register for the probing user node (needed with a wildcard --probe-listen)")
     s.add_argument("--challenge-spread-s", type=float, default=EPOCH_RUN.challenge_spread_s, metavar="S",
                    help="each challenge leaves after a random delay in [0, S] (default %(default)s)")
     s.set_defaults(func=cmd_start)

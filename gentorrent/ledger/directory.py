@@ -1,10 +1,10 @@
 """Where a user node learns who the relays and model nodes are (ARCHITECTURE.md §3.1).
 
-The rest of the user client sees only the small `Directory` interface below. Two
-implementations: `StaticDirectory`, a JSON file (tests, the demo's first start, air-gapped
-setups), and `CommitteeDirectory`, the committee's light-client-checked registry
-(gentorrent.ledger.light_client), which is what a production node uses. Registering a user node adds
-it to whichever directory it uses, so other users can pick it as a relay.
+Every role sees only the small `Directory` interface below. Two implementations:
+`CommitteeDirectory` (gentorrent.ledger.committee), the committee's light-client-checked
+registry, which is what every node of a network uses; and `StaticDirectory`, a JSON file, kept
+for tests and benchmarks that exercise the overlay without a committee. Registering a user
+node adds it to whichever directory it uses, so other users can pick it as a relay.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class Directory(Protocol):
     async def refresh(self) -> None: ...
 
     async def register_user(self, record: UserRecord) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class DirectoryIndex:
@@ -113,6 +115,9 @@ class StaticDirectory:
 
     def add_model(self, record: ModelRecord) -> None:
         self._update(lambda doc: _upsert(doc.setdefault("models", []), _encode(record)))
+
+    async def close(self) -> None:
+        """Nothing to stop: a file has no leases."""
 
     def _read(self) -> dict:
         try:

@@ -45,41 +45,47 @@ def to_micros(score: float) -> int:
 # --------------------------------------------------------------------------- builders
 
 
-def member_keys(identity: Identity, vrf_public_key: bytes, box_public_key: bytes, sequence: int) -> bytes:
+def member_keys(identity: Identity, vrf_public_key: bytes, box_public_key: bytes, sequence: int, *,
+                chain_id: str) -> bytes:
     return _build(identity, sequence, "epoch_member_keys",
-                  pb.EpochMemberKeys(vrf_public_key=vrf_public_key, box_public_key=box_public_key))
+                  pb.EpochMemberKeys(vrf_public_key=vrf_public_key, box_public_key=box_public_key), chain_id)
 
 
-def vrf_proof(identity: Identity, epoch: int, proof: bytes, sequence: int) -> bytes:
-    return _build(identity, sequence, "epoch_vrf_proof", pb.EpochVrfProof(epoch=epoch, proof=proof))
+def vrf_proof(identity: Identity, epoch: int, proof: bytes, sequence: int, *, chain_id: str) -> bytes:
+    return _build(identity, sequence, "epoch_vrf_proof", pb.EpochVrfProof(epoch=epoch, proof=proof), chain_id)
 
 
-def plan(identity: Identity, epoch: int, entries: Sequence[tuple[bytes, bytes]], sequence: int) -> bytes:
+def plan(identity: Identity, epoch: int, entries: Sequence[tuple[bytes, bytes]], sequence: int, *,
+         chain_id: str) -> bytes:
     """`entries`: (model node id, prompt commitment), any order (sorted here)."""
     msg = pb.EpochPlan(epoch=epoch, entries=[pb.ChallengeCommitment(node_id=n, commitment=c)
                                              for n, c in sorted(entries)])
-    return _build(identity, sequence, "epoch_plan", msg)
+    return _build(identity, sequence, "epoch_plan", msg, chain_id)
 
 
-def replies(identity: Identity, epoch: int, items: Sequence[pb.ProbeReply], sequence: int) -> bytes:
+def replies(identity: Identity, epoch: int, items: Sequence[pb.ProbeReply], sequence: int, *,
+            chain_id: str) -> bytes:
     msg = pb.EpochReplies(epoch=epoch, replies=sorted(items, key=lambda r: r.node_id))
-    return _build(identity, sequence, "epoch_replies", msg)
+    return _build(identity, sequence, "epoch_replies", msg, chain_id)
 
 
-def attestation(identity: Identity, epoch: int, scores: Sequence[tuple[bytes, int, int]], sequence: int) -> bytes:
+def attestation(identity: Identity, epoch: int, scores: Sequence[tuple[bytes, int, int]], sequence: int, *,
+                chain_id: str) -> bytes:
     """`scores`: (model node id, score micros, verdict)."""
     msg = pb.EpochAttestation(epoch=epoch, scores=[pb.NodeScore(node_id=n, score_micros=s, verdict=v)
                                                    for n, s, v in sorted(scores)])
-    return _build(identity, sequence, "epoch_attestation", msg)
+    return _build(identity, sequence, "epoch_attestation", msg, chain_id)
 
 
-def probe_report(identity: Identity, epoch: int, node_id: bytes, ok: bool, sequence: int) -> bytes:
-    return _build(identity, sequence, "epoch_probe_report", pb.EpochProbeReport(epoch=epoch, node_id=node_id, ok=ok))
+def probe_report(identity: Identity, epoch: int, node_id: bytes, ok: bool, sequence: int, *,
+                 chain_id: str) -> bytes:
+    msg = pb.EpochProbeReport(epoch=epoch, node_id=node_id, ok=ok)
+    return _build(identity, sequence, "epoch_probe_report", msg, chain_id)
 
 
-def _build(identity: Identity, sequence: int, kind: str, msg) -> bytes:
+def _build(identity: Identity, sequence: int, kind: str, msg, chain_id: str) -> bytes:
     validate(kind, msg)  # fail at the member, not in every mempool
-    return sign(identity, body(identity, sequence, kind, msg))
+    return sign(identity, body(identity, sequence, kind, msg, chain_id))
 
 
 # --------------------------------------------------------------------------- stateless checks

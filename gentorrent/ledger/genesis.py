@@ -14,8 +14,12 @@ Shape (all fields required unless marked):
         {"name": "v0", "public_key": "<base64 Ed25519, 32 B>", "power": 10,
          "address": "127.0.0.1:7000", "tls_cert_pem": "-----BEGIN CERTIFICATE-----..."}
       ],
-      "app_state": {}                       (optional JSON object, given to InitChain)
+      "app_state": {"registry": {"lease_s": 300}}   (optional JSON object, given to InitChain)
     }
+
+`app_state.registry.lease_s` (optional; default and bounds in `config.REGISTRY`) is how long a
+node's registration lasts without renewal: the application expires records with it, and nodes
+read it here to know how often to renew (ARCHITECTURE.md §3.1).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gentorrent.config import REGISTRY
 from gentorrent.ledger.chain import Validator, ValidatorSet
 from gentorrent.crypto.keys import PUBLIC_KEY_BYTES, node_id_of
 
@@ -107,6 +112,12 @@ class Genesis:
         keys = [v.public_key for v in self.validators]
         if len(set(keys)) != len(keys):
             raise GenesisError("duplicate validator public key")
+        lease_ms_of(self.app_state)  # a bad lease stops here, not in every node's InitChain
+
+    @property
+    def lease_ms(self) -> int:
+        """How long a registration lasts without renewal on this chain."""
+        return lease_ms_of(self.app_state)
 
     def validator_set(self) -> ValidatorSet:
         """The consensus committee, in genesis order (vote indices refer to it)."""
@@ -174,6 +185,20 @@ class Genesis:
         if path.is_dir():
             path = path / GENESIS_FILE
         path.write_text(self.dumps())
+
+
+def lease_ms_of(app_state: Any) -> int:
+    """The registration lease of a genesis app_state, in ms (the one reading of it, for the
+    application's InitChain and for every node that renews)."""
+    registry = app_state.get("registry", {}) if isinstance(app_state, dict) else {}
+    if not isinstance(registry, dict) or set(registry) - {"lease_s"}:
+        raise GenesisError('app_state.registry must be an object with at most the key "lease_s"')
+    lease_s = registry.get("lease_s", REGISTRY.lease_s)
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or \
+            not REGISTRY.min_lease_s <= lease_s <= REGISTRY.max_lease_s:
+        raise GenesisError(f"app_state.registry.lease_s must be a number of seconds in "
+                           f"{REGISTRY.min_lease_s:g}..{REGISTRY.max_lease_s:g}")
+    return int(lease_s * 1000)
 
 
 def _str(obj: dict, key: str) -> str:

@@ -56,6 +56,7 @@ class UserRecord:
     region: str = "default"
     registered_height: int = 0
     updated_height: int = 0
+    expires_ms: int = 0  # block time its lease ends (0: no lease, a static directory's record)
 
     @property
     def node_id_hex(self) -> str:
@@ -64,13 +65,14 @@ class UserRecord:
     def to_pb(self) -> pb.UserEntry:
         return pb.UserEntry(node_id=self.node_id, public_key=self.public_key, address=self.address,
                             onion_key=self.onion_key, tls_cert_pem=self.tls_cert_pem, region=self.region,
-                            registered_height=self.registered_height, updated_height=self.updated_height)
+                            registered_height=self.registered_height, updated_height=self.updated_height,
+                            expires_ms=self.expires_ms)
 
     @classmethod
     def from_pb(cls, m: pb.UserEntry) -> "UserRecord":
         return cls(node_id=m.node_id, public_key=m.public_key, address=m.address, onion_key=m.onion_key,
                    tls_cert_pem=m.tls_cert_pem, region=m.region, registered_height=m.registered_height,
-                   updated_height=m.updated_height)
+                   updated_height=m.updated_height, expires_ms=m.expires_ms)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class ModelRecord:
     trusted: bool = True
     registered_height: int = 0
     updated_height: int = 0
+    expires_ms: int = 0  # block time its lease ends (0: no lease, a static directory's record)
 
     @property
     def node_id_hex(self) -> str:
@@ -98,14 +101,14 @@ class ModelRecord:
                              model=self.model, capacity=self.capacity, tls_cert_pem=self.tls_cert_pem,
                              reputation=self.reputation, trusted=self.trusted,
                              registered_height=self.registered_height, updated_height=self.updated_height,
-                             onion_key=self.onion_key)
+                             onion_key=self.onion_key, expires_ms=self.expires_ms)
 
     @classmethod
     def from_pb(cls, m: pb.ModelEntry) -> "ModelRecord":
         return cls(node_id=m.node_id, public_key=m.public_key, address=m.address, model=m.model,
                    onion_key=m.onion_key, tls_cert_pem=m.tls_cert_pem, capacity=m.capacity,
                    reputation=m.reputation, trusted=m.trusted, registered_height=m.registered_height,
-                   updated_height=m.updated_height)
+                   updated_height=m.updated_height, expires_ms=m.expires_ms)
 
 
 def encode(msg) -> bytes:
@@ -126,11 +129,12 @@ def encode_models(models: Iterable[ModelRecord]) -> bytes:
 
 
 def encode_meta(chain_id: str, height: int, time_ms: int, validators: Iterable[tuple[bytes, int]],
-                accounts: Iterable[tuple[bytes, int]]) -> bytes:
+                accounts: Iterable[tuple[bytes, int]], lease_ms: int = 0) -> bytes:
     return encode(pb.MetaSection(
         chain_id=chain_id, height=height, time_ms=time_ms,
         validators=[pb.ValidatorEntry(public_key=k, power=p) for k, p in validators],
         accounts=[pb.AccountEntry(public_key=k, last_sequence=s) for k, s in accounts],
+        lease_ms=lease_ms,
     ))
 
 
@@ -150,6 +154,9 @@ class DirectorySnapshot:
     users: tuple[UserRecord, ...]
     models: tuple[ModelRecord, ...]
     section_hashes: dict[str, bytes]
+    #: block time (ms) of the header that certifies this directory (block height+1); set by
+    #: the light client, 0 before: how fresh the directory is, against the local clock
+    time_ms: int = 0
 
     @property
     def app_hash(self) -> bytes:
@@ -213,6 +220,7 @@ def decode_directory(value: bytes) -> DirectorySnapshot:
     models = tuple(ModelRecord.from_pb(m) for m in models_pb.models)
     _check_records(users, "user")
     _check_records(models, "model")
+    _check_addresses_unique(users + models)
     return DirectorySnapshot(height=msg.height, users=users, models=models,
                      section_hashes=directory_section_hashes(value))
 
@@ -236,6 +244,16 @@ def _decode_entry(msg_cls, record_cls, value: bytes, what: str):
         raise DirectoryFormatError(f"not a {what} entry: {exc}") from exc
     _check_records((record,), what)
     return record
+
+
+def _check_addresses_unique(records) -> None:
+    """One address, one node: nodes pin a peer's certificate by the address they dial, so a
+    directory listing one address twice could make them pin the wrong node's certificate."""
+    seen: set[str] = set()
+    for r in records:
+        if r.address in seen:
+            raise DirectoryFormatError(f"address {r.address[:64]!r} is listed for two nodes")
+        seen.add(r.address)
 
 
 def _check_records(records, what: str) -> None:

@@ -11,8 +11,11 @@ encoding of what they decode to, so one meaning has exactly one transaction (and
 
 Replay protection is a per-signer sequence: a transaction is valid only if its sequence is
 strictly greater than the last one the signer used (gaps are allowed, so clients may use e.g.
-a millisecond clock). The kinds and their payload checks are in `txs` (registry) and
-`epoch_txs` (verification epochs).
+a millisecond clock). Every body names the chain it is meant for (`chain_id`, signed with
+the rest), and `open_envelope` refuses it on any other chain: without it a transaction signed
+for one committee would be valid on every other one whose registry holds the same keys (a
+test network's registration replayed on the production chain, say). The kinds and their
+payload checks are in `txs` (registry) and `epoch_txs` (verification epochs).
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import hashlib
 
 from google.protobuf.message import DecodeError
 
+from dataclasses import dataclass
+
 from gentorrent.config import WIRE
-from gentorrent.crypto.keys import Identity
+from gentorrent.crypto.keys import (PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, KeyFormatError, SignatureError,
+                                    verify_signature)
 from gentorrent.wire import gentorrent_pb2 as pb
 
 TX_SIGNING_DOMAIN = b"gentorrent/registry-tx/v1\x00"
@@ -38,6 +44,8 @@ CODE_ALREADY_REGISTERED = 6
 CODE_NOT_REGISTERED = 7
 CODE_UNAUTHORIZED = 8  # a committee-only kind signed by a non-member
 CODE_UNKNOWN_KIND = 9  # no kind set, or a kind this version does not know
+CODE_WRONG_CHAIN = 10  # signed for another chain id
+CODE_ADDRESS_TAKEN = 11  # another node holds the address (one address, one node)
 
 MAX_SEQUENCE = 2**63 - 1  # fits SQLite's signed 64-bit integers
 
@@ -55,10 +63,13 @@ def tx_hash(raw: bytes) -> bytes:
     return hashlib.sha256(raw).digest()
 
 
-def body(identity: Identity, sequence: int, kind: str, payload) -> pb.TxBody:
-    """The unsigned body of a `kind` transaction by `identity` carrying `payload`."""
+def body(identity: Identity, sequence: int, kind: str, payload, chain_id: str) -> pb.TxBody:
+    """The unsigned body of a `kind` transaction by `identity` carrying `payload`, valid on
+    the chain `chain_id` only."""
     check_sequence(sequence)
-    msg = pb.TxBody(signer=identity.public_key, sequence=sequence)
+    if not chain_id:
+        raise TxError(CODE_INVALID_FIELD, "a transaction must name the chain id it is meant for")
+    msg = pb.TxBody(signer=identity.public_key, sequence=sequence, chain_id=chain_id)
     getattr(msg, kind).CopyFrom(payload)
     return msg
 
@@ -71,6 +82,38 @@ def sign(identity: Identity, tx_body: pb.TxBody) -> bytes:
     if len(raw) > WIRE.max_tx_bytes:
         raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
     return raw
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A transaction whose size, encoding, signature, sequence range and chain were checked."""
+
+    body: pb.TxBody
+    signature: bytes
+
+
+def open_envelope(raw: bytes, chain_id: str) -> Envelope:
+    """The checked envelope of `raw` on the chain `chain_id`; TxError (stable code) if not."""
+    if len(raw) > WIRE.max_tx_bytes:
+        raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
+    signed = parse_canonical(pb.SignedTx, raw, "SignedTx")
+    tx_body = parse_canonical(pb.TxBody, signed.body, "TxBody")
+    if len(tx_body.signer) != PUBLIC_KEY_BYTES:
+        raise TxError(CODE_MALFORMED, f"signer must be a {PUBLIC_KEY_BYTES}-byte Ed25519 public key")
+    if len(signed.signature) != SIGNATURE_BYTES:
+        raise TxError(CODE_BAD_SIGNATURE, f"signature must be {SIGNATURE_BYTES} bytes")
+    try:
+        verify_signature(tx_body.signer, signed.signature, TX_SIGNING_DOMAIN + signed.body)
+    except (SignatureError, KeyFormatError) as exc:
+        raise TxError(CODE_BAD_SIGNATURE, f"bad signature: {exc}") from exc
+    if tx_body.chain_id != chain_id:
+        raise TxError(CODE_WRONG_CHAIN, f"transaction is for chain {tx_body.chain_id[:64]!r}, "
+                                        f"this is chain {chain_id!r}")
+    try:
+        check_sequence(tx_body.sequence)
+    except TxError as exc:
+        raise TxError(CODE_INVALID_FIELD, str(exc)) from exc
+    return Envelope(tx_body, signed.signature)
 
 
 def parse_canonical(cls, data: bytes, name: str):

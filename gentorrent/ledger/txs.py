@@ -8,6 +8,7 @@ registered) in the registry application (`verifier.abci.state`).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Union
@@ -15,19 +16,21 @@ from typing import Union
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gentorrent.config import MODEL_NODE, WIRE
-from gentorrent.crypto.keys import (PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, KeyFormatError, SignatureError,
-                                    node_id_of, verify_signature)
+from gentorrent.config import MODEL_NODE
+from gentorrent.crypto.keys import PUBLIC_KEY_BYTES, Identity, node_id_of
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger import epoch_txs
-from gentorrent.ledger.signed_tx import (CODE_ALREADY_REGISTERED, CODE_BAD_SIGNATURE, CODE_INVALID_FIELD,  # noqa: F401
-                                         CODE_MALFORMED, CODE_NOT_REGISTERED, CODE_OK, CODE_OVERSIZE,
-                                         CODE_REPLAY, CODE_UNAUTHORIZED, CODE_UNKNOWN_KIND, TX_SIGNING_DOMAIN,
-                                         TxError, body, check_sequence, parse_canonical, sign, tx_hash)
+from gentorrent.ledger.signed_tx import (CODE_ADDRESS_TAKEN, CODE_ALREADY_REGISTERED,  # noqa: F401
+                                         CODE_BAD_SIGNATURE, CODE_INVALID_FIELD, CODE_MALFORMED,
+                                         CODE_NOT_REGISTERED, CODE_OK, CODE_OVERSIZE, CODE_REPLAY,
+                                         CODE_UNAUTHORIZED, CODE_UNKNOWN_KIND, CODE_WRONG_CHAIN,
+                                         TX_SIGNING_DOMAIN, TxError, body, open_envelope, sign, tx_hash)
 
 USER_KINDS = ("register_user", "update_user", "deregister_user")
 MODEL_KINDS = ("register_model", "update_model", "deregister_model")
-KINDS = USER_KINDS + MODEL_KINDS
+#: renews every registration of its signer (user and model records alike) by one lease
+LEASE_KINDS = ("renew_lease",)
+KINDS = USER_KINDS + MODEL_KINDS + LEASE_KINDS
 #: verification-epoch kinds (TxBody fields 20..25; rules in verifier.epochs.rules)
 EPOCH_KINDS = ("epoch_member_keys", "epoch_vrf_proof", "epoch_plan", "epoch_replies", "epoch_attestation",
                "epoch_probe_report")
@@ -87,70 +90,63 @@ class Tx:
 
 
 def register_user(identity: Identity, address: str, onion_key: bytes, tls_cert_pem: bytes, region: str,
-                  sequence: int) -> bytes:
-    return _user_tx(identity, "register_user", UserInfo(address, onion_key, tls_cert_pem, region), sequence)
+                  sequence: int, *, chain_id: str) -> bytes:
+    return _user_tx(identity, "register_user", UserInfo(address, onion_key, tls_cert_pem, region), sequence,
+                    chain_id)
 
 
 def update_user(identity: Identity, address: str, onion_key: bytes, tls_cert_pem: bytes, region: str,
-                sequence: int) -> bytes:
-    return _user_tx(identity, "update_user", UserInfo(address, onion_key, tls_cert_pem, region), sequence)
+                sequence: int, *, chain_id: str) -> bytes:
+    return _user_tx(identity, "update_user", UserInfo(address, onion_key, tls_cert_pem, region), sequence,
+                    chain_id)
 
 
-def deregister_user(identity: Identity, sequence: int) -> bytes:
-    return sign(identity, body(identity, sequence, "deregister_user", pb.Deregistration()))
+def deregister_user(identity: Identity, sequence: int, *, chain_id: str) -> bytes:
+    return sign(identity, body(identity, sequence, "deregister_user", pb.Deregistration(), chain_id))
 
 
 def register_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
-                   sequence: int, onion_key: bytes = b"") -> bytes:
+                   sequence: int, onion_key: bytes = b"", *, chain_id: str) -> bytes:
     info = ModelInfo(address, model, capacity, tls_cert_pem, onion_key)
-    return _model_tx(identity, "register_model", info, sequence)
+    return _model_tx(identity, "register_model", info, sequence, chain_id)
 
 
 def update_model(identity: Identity, address: str, model: str, capacity: int, tls_cert_pem: bytes,
-                 sequence: int, onion_key: bytes = b"") -> bytes:
+                 sequence: int, onion_key: bytes = b"", *, chain_id: str) -> bytes:
     info = ModelInfo(address, model, capacity, tls_cert_pem, onion_key)
-    return _model_tx(identity, "update_model", info, sequence)
+    return _model_tx(identity, "update_model", info, sequence, chain_id)
 
 
-def deregister_model(identity: Identity, sequence: int) -> bytes:
-    return sign(identity, body(identity, sequence, "deregister_model", pb.Deregistration()))
+def deregister_model(identity: Identity, sequence: int, *, chain_id: str) -> bytes:
+    return sign(identity, body(identity, sequence, "deregister_model", pb.Deregistration(), chain_id))
 
 
-def _user_tx(identity: Identity, kind: str, info: UserInfo, sequence: int) -> bytes:
+def renew_lease(identity: Identity, sequence: int, *, chain_id: str) -> bytes:
+    """Extend every registration of `identity` by one lease (a small tx: no record re-sent)."""
+    return sign(identity, body(identity, sequence, "renew_lease", pb.LeaseRenewal(), chain_id))
+
+
+def _user_tx(identity: Identity, kind: str, info: UserInfo, sequence: int, chain_id: str) -> bytes:
     validate_user(info, identity.node_id)  # fail at the client, not in the mempool
     msg = pb.UserRegistration(address=info.address, onion_key=info.onion_key, tls_cert_pem=info.tls_cert_pem,
                               region=info.region)
-    return sign(identity, body(identity, sequence, kind, msg))
+    return sign(identity, body(identity, sequence, kind, msg, chain_id))
 
 
-def _model_tx(identity: Identity, kind: str, info: ModelInfo, sequence: int) -> bytes:
+def _model_tx(identity: Identity, kind: str, info: ModelInfo, sequence: int, chain_id: str) -> bytes:
     validate_model(info, identity.node_id)
     msg = pb.ModelRegistration(address=info.address, model=info.model, capacity=info.capacity,
                                tls_cert_pem=info.tls_cert_pem, onion_key=info.onion_key)
-    return sign(identity, body(identity, sequence, kind, msg))
+    return sign(identity, body(identity, sequence, kind, msg, chain_id))
 
 
 # --------------------------------------------------------------------------- decoding
 
 
-def decode_tx(raw: bytes) -> Tx:
-    """Check everything that does not depend on state; raise TxError with a stable code."""
-    if len(raw) > WIRE.max_tx_bytes:
-        raise TxError(CODE_OVERSIZE, f"transaction is {len(raw)} bytes, the limit is {WIRE.max_tx_bytes}")
-    signed = parse_canonical(pb.SignedTx, raw, "SignedTx")
-    body = parse_canonical(pb.TxBody, signed.body, "TxBody")
-    if len(body.signer) != PUBLIC_KEY_BYTES:
-        raise TxError(CODE_MALFORMED, f"signer must be a {PUBLIC_KEY_BYTES}-byte Ed25519 public key")
-    if len(signed.signature) != SIGNATURE_BYTES:
-        raise TxError(CODE_BAD_SIGNATURE, f"signature must be {SIGNATURE_BYTES} bytes")
-    try:
-        verify_signature(body.signer, signed.signature, TX_SIGNING_DOMAIN + signed.body)
-    except (SignatureError, KeyFormatError) as exc:
-        raise TxError(CODE_BAD_SIGNATURE, f"bad signature: {exc}") from exc
-    try:
-        check_sequence(body.sequence)
-    except TxError as exc:
-        raise TxError(CODE_INVALID_FIELD, str(exc)) from exc
+def decode_tx(raw: bytes, chain_id: str) -> Tx:
+    """Check everything that does not depend on state, for the chain `chain_id`; raise
+    TxError with a stable code."""
+    body = open_envelope(raw, chain_id).body
     kind = body.WhichOneof("kind")
     if kind is None or (kind not in KINDS and kind not in EPOCH_KINDS):
         raise TxError(CODE_UNKNOWN_KIND, "transaction has no kind this version knows")
@@ -199,12 +195,55 @@ def validate_onion_key(onion_key: bytes) -> None:
 
 
 def validate_address(address: str) -> None:
-    """host:port with a DNS name, IPv4 or [IPv6] host and a port in 1..65535."""
+    """host:port with a DNS name, IPv4 or [IPv6] host and a port in 1..65535, that another
+    node could dial: a wildcard (0.0.0.0, [::]), multicast or broadcast host is refused, since
+    registering it would list a node nobody can reach (a node listening on a wildcard address
+    registers the address it is reached at: `--advertise`)."""
     host, sep, port = address.rpartition(":")
     ok = (0 < len(address) <= MAX_ADDRESS_CHARS and sep and _HOST_RE.fullmatch(host) is not None
           and port.isascii() and port.isdigit() and not port.startswith("0") and 0 < int(port) < 65536)
     if not ok:
         raise TxError(CODE_INVALID_FIELD, f"address must be host:port, got {address[:64]!r}")
+    reason = unroutable_reason(host)
+    if reason:
+        raise TxError(CODE_INVALID_FIELD, f"address {address[:64]!r} cannot be dialled by other nodes: {reason}")
+
+
+def unroutable_reason(host: str) -> str:
+    """Why no other node could dial `host` (an IP literal or a DNS name), or "" if it could."""
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+    except ValueError:
+        return "" if host.strip(".") else "an empty host name"
+    if ip.is_unspecified:
+        return "it is a wildcard address (listen there, but register the address peers reach)"
+    if ip.is_multicast:
+        return "it is a multicast address"
+    if ip.version == 4 and (ip == ipaddress.IPv4Address("255.255.255.255") or ip in _THIS_NETWORK):
+        return "it is a broadcast or 'this network' address"
+    return ""
+
+
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+
+
+def check_listen(listen: str, advertise: str | None) -> None:
+    """Refuse, before anything starts, a node that would register an address nobody can
+    dial: listening on a wildcard host needs `advertise` (the address peers reach it at)."""
+    if advertise:
+        validate_address(advertise)
+        return
+    reason = unroutable_reason(listen.rpartition(":")[0])
+    if reason:
+        raise TxError(CODE_INVALID_FIELD, f"listening on {listen} needs --advertise HOST:PORT, the address "
+                                          f"other nodes reach this one at ({listen.rpartition(':')[0]}: {reason})")
+
+
+def advertised_address(listen: str, port: int, advertise: str | None) -> str:
+    """The address a node registers: `advertise`, else the host it listens on and the port it
+    got (`check_listen` first)."""
+    check_listen(listen, advertise)
+    return advertise or f"{listen.rpartition(':')[0]}:{port}"
 
 
 def validate_certificate(cert_pem: bytes, node_id: bytes) -> None:

@@ -7,17 +7,18 @@ Every scenario builds its own real processes/servers under `root` on 127.0.0.1 a
 them down; `seed` fixes every random choice (which node dies when), so a failure replays.
 
 One module per role: `verifiers`, `relays`, `models`, `epochs` (the committee's judgement);
-`adversary_*` modules hold attacks (an attack that succeeds counts as lost): `adversary_groups`
-by a model-group member, `adversary_path` on the anonymous path.
+`adversary_*` modules replay attacks (THREAT_MODEL.md) and report the attacker's success (an
+attack that succeeds counts as lost): `adversary_groups` by a model-group member,
+`adversary_path` on the anonymous path, `adversary_registry` on the registry and directory.
 Every public scenario is re-exported here, so bench/reliability.py finds it by name.
 """
 
 from testkit.scenarios.adversary_groups import GROUP_ATTACKS, group_adversary
-
 from testkit.scenarios.adversary_path import (ADVERSARY_SCENARIOS, adv_address_hijack, adv_link_theft,
                                               adv_model_amplify, adv_nonce_reuse, adv_onion_replay, adv_peer_quota,
                                               adv_position_timing, adv_replay_flush, adv_reply_linking,
                                               adv_sizes_tokens, adv_tagging)
+from testkit.scenarios.adversary_registry import directory_replay, registry_hijack
 from testkit.scenarios.epochs import EPOCH_MODES, epoch_faults
 from testkit.scenarios.models import MODEL_MODES, model_faults
 from testkit.scenarios.relays import (LINK_DELAY_S, LINK_PHASES, RELAY_CLOVES_K, RELAY_CLOVES_N,
@@ -32,6 +33,7 @@ __all__ = [
     "ADVERSARY_SCENARIOS", "adv_address_hijack", "adv_link_theft", "adv_model_amplify", "adv_nonce_reuse",
     "adv_onion_replay", "adv_peer_quota", "adv_position_timing", "adv_replay_flush", "adv_reply_linking",
     "adv_sizes_tokens", "adv_tagging",
+    "directory_replay", "registry_hijack",
     "EPOCH_MODES", "epoch_faults",
     "MODEL_MODES", "model_faults",
     "LINK_DELAY_S", "LINK_PHASES", "RELAY_CLOVES_K", "RELAY_CLOVES_N", "RELAY_MODES", "RELAY_PROCESS_MODES",

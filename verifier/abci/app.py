@@ -21,6 +21,7 @@ from typing import Callable, Sequence, TypeVar
 
 from verifier.abci.interface import (CODE_OK, BlockContext, FinalizeResult, InfoResult, QueryResult, TxResult,
                                      ValidatorInfo)
+from gentorrent.ledger.genesis import GenesisError, lease_ms_of
 from gentorrent.ledger.sections import encode
 from verifier.abci.state import CommittedState, StateView
 from verifier.abci.store import Store
@@ -93,10 +94,10 @@ class RegistryApp:
             raise ValueError("chain_id must not be empty")
         if not validators or any(len(v.public_key) != 32 or v.power <= 0 for v in validators):
             raise ValueError("init_chain needs validators with 32-byte Ed25519 keys and positive power")
-        _check_app_state(app_state)
+        lease_ms = _check_app_state(app_state)
         fresh = CommittedState()
         view = StateView(fresh)
-        view.chain_id, view.height, view.time_ms = chain_id, 0, time_ms
+        view.chain_id, view.height, view.time_ms, view.lease_ms = chain_id, 0, time_ms, lease_ms
         view.validators = tuple(sorted((bytes(v.public_key), int(v.power)) for v in validators))
         app_hash = view.app_hash()
         self._store.write(view, app_hash, replace_all=True)
@@ -212,17 +213,22 @@ class RegistryApp:
         return json.dumps({
             "chain_id": c.chain_id, "height": c.height, "time_ms": c.time_ms, "app_hash": self._app_hash.hex(),
             "users": len(c.users), "models": len(c.models), "validators": len(c.validators),
-            "app_version": APP_VERSION,
+            "app_version": APP_VERSION, "lease_ms": c.lease_ms,
         }, sort_keys=True).encode()
 
 
-def _check_app_state(app_state: bytes) -> None:
-    """Genesis app_state must be empty or a JSON object (no initial registrations yet)."""
-    if not app_state.strip():
-        return
-    try:
-        obj = json.loads(app_state)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"app_state is not JSON: {exc}") from exc
+def _check_app_state(app_state: bytes) -> int:
+    """Genesis app_state must be empty or a JSON object (no initial registrations yet);
+    returns the registration lease it sets (gentorrent.ledger.genesis.lease_ms_of)."""
+    obj = {}
+    if app_state.strip():
+        try:
+            obj = json.loads(app_state)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"app_state is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise ValueError("app_state must be a JSON object")
+    try:
+        return lease_ms_of(obj)
+    except GenesisError as exc:
+        raise ValueError(str(exc)) from exc

@@ -65,6 +65,7 @@ class Store:
         try:
             meta = pb.MetaSection.FromString(meta_raw)
             state.chain_id, state.height, state.time_ms = meta.chain_id, meta.height, meta.time_ms
+            state.lease_ms = meta.lease_ms
             state.validators = tuple((v.public_key, v.power) for v in meta.validators)
             state.epochs = pb.EpochsSection.FromString(self._kv("epochs") or b"")
             for node_id, entry in self._db.execute("SELECT node_id, entry FROM users"):
@@ -73,6 +74,7 @@ class Store:
                 state.models[bytes(node_id)] = ModelRecord.from_pb(pb.ModelEntry.FromString(entry))
             for key, seq in self._db.execute("SELECT public_key, last_sequence FROM accounts"):
                 state.accounts[bytes(key)] = int(seq)
+            state.index_addresses()
         except Exception as exc:  # noqa: BLE001 - any decode failure means a damaged store
             raise StoreError(f"{self.path}: cannot read committed state: {exc}") from exc
         state.initialized = True
@@ -88,7 +90,8 @@ class Store:
     def write(self, view: StateView, app_hash: bytes, replace_all: bool = False) -> None:
         """Persist `view` (its changes, or everything with `replace_all`) atomically."""
         meta = pb.MetaSection(chain_id=view.chain_id, height=view.height, time_ms=view.time_ms,
-                              validators=[pb.ValidatorEntry(public_key=k, power=p) for k, p in view.validators])
+                              validators=[pb.ValidatorEntry(public_key=k, power=p) for k, p in view.validators],
+                              lease_ms=view.lease_ms)
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:

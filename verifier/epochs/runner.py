@@ -221,12 +221,13 @@ class EpochRunner:
 
     # ------------------------------------------------------------------ transactions
 
-    async def _submit(self, build: Callable[[int], bytes], what: str) -> bool:
-        """Sign with the next sequence and submit; True when there is nothing left to do."""
+    async def _submit(self, build: Callable[[int, str], bytes], what: str) -> bool:
+        """Sign with the next sequence for this chain and submit; True when there is nothing
+        left to do."""
         code, value = self.host.query(f"/account/{self.me.hex()}")
         last = json.loads(value or b"{}").get("last_sequence", 0) if code == 0 else 0
         self._seq = max(self._seq, last) + 1
-        code, text = await self.host.submit(build(self._seq))
+        code, text = await self.host.submit(build(self._seq, self.host.chain_id))
         if code != 0:
             self._note(f"{what}: refused ({code}: {text})")
             return code == rules.CODE_WRONG_PHASE  # the chain moved on: nothing left to do
@@ -235,7 +236,8 @@ class EpochRunner:
 
     async def _register_keys(self) -> bool:
         ident = self.host.identity
-        return await self._submit(lambda s: epoch_txs.member_keys(ident, vrf_public_of(ident), self.host.box_public, s),
+        return await self._submit(lambda s, c: epoch_txs.member_keys(ident, vrf_public_of(ident), self.host.box_public,
+                                                                     s, chain_id=c),
                                   "epoch keys")
 
     async def _prove(self, epoch: int, seed: bytes) -> bool:
@@ -243,7 +245,8 @@ class EpochRunner:
             await asyncio.sleep(self.params.epoch_pause_s)
         ident = self.host.identity
         proof = vrf.prove_leadership(vrf_secret_of(ident), self.host.chain_id, epoch, seed)
-        return await self._submit(lambda s: epoch_txs.vrf_proof(ident, epoch, proof, s), f"epoch {epoch} VRF proof")
+        return await self._submit(lambda s, c: epoch_txs.vrf_proof(ident, epoch, proof, s, chain_id=c),
+                                  f"epoch {epoch} VRF proof")
 
     # ------------------------------------------------------------------ leading
 
@@ -298,13 +301,15 @@ class EpochRunner:
         await self._send_reveals(epoch, reveals)
         entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
         ident = self.host.identity
-        if not await self._submit(lambda s: epoch_txs.plan(ident, epoch, entries, s), f"epoch {epoch} plan"):
+        if not await self._submit(lambda s, c: epoch_txs.plan(ident, epoch, entries, s, chain_id=c),
+                                  f"epoch {epoch} plan"):
             return False
         if not await self._wait_phase(epoch, rules.PROBING):
             return True  # the plan did not commit in time (or was refused): the epoch is lost
         self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
         items = await asyncio.gather(*(self._challenge(r, models[r.node_id].model) for r in reveals))
-        return await self._submit(lambda s: epoch_txs.replies(ident, epoch, list(items), s), f"epoch {epoch} replies")
+        return await self._submit(lambda s, c: epoch_txs.replies(ident, epoch, list(items), s, chain_id=c),
+                                  f"epoch {epoch} replies")
 
     async def _wait_phase(self, epoch: int, phase: str, timeout_s: float = 120.0) -> bool:
         for _ in range(int(timeout_s / self.params.poll_s)):
@@ -388,7 +393,7 @@ class EpochRunner:
             self._note(f"epoch {epoch}: {node[:12]} credibility {report.credibility:.3f} "
                        f"(1/ppl {report.inv_ppl:.3f}, z {dict((k, round(v, 1)) for k, v in report.z.items())})")
         ident = self.host.identity
-        return await self._submit(lambda s: epoch_txs.attestation(ident, epoch, scores, s),
+        return await self._submit(lambda s, c: epoch_txs.attestation(ident, epoch, scores, s, chain_id=c),
                                   f"epoch {epoch} attestation")
 
     async def _await_reveals(self, epoch: int, cur: pb.EpochStateEntry, wait_s: float = 30.0) -> dict[str, Reveal]:
@@ -418,5 +423,5 @@ class EpochRunner:
                 except (ProbeFailed, receipts.ReceiptError) as exc:
                     self._note(f"epoch {epoch}: own probe of {node[:12]} failed: {exc}")
         ident = self.host.identity
-        return await self._submit(lambda s: epoch_txs.probe_report(ident, epoch, node_id, ok, s),
+        return await self._submit(lambda s, c: epoch_txs.probe_report(ident, epoch, node_id, ok, s, chain_id=c),
                                   f"epoch {epoch} probe report on {node[:12]}: {'ok' if ok else 'failed'}")

@@ -3,8 +3,10 @@
 The runner gets: the node (committed state, its mempool, the Private RPC to its peers), a
 reference model (`--reference-model HOST:PORT --reference-cert FILE`: a `gt-model serve` with
 the honest weights; on one machine every member may point at the same one), and a user node
-of its own in the overlay (`--probe-directory FILE`, the overlay's directory), through which it
-probes model nodes exactly as a user asks.
+of its own in the overlay, through which it probes model nodes exactly as a user asks. That
+user node registers itself with the committee and reads its checked directory like every
+other user node (`probe="committee"`); tests of the epochs alone may hand it a static
+directory file instead.
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ __all__ = ["attach_epochs"]
 PROBE_HOME = "epoch-user"
 
 
-async def attach_epochs(node, reference: RemoteReference, probe_directory: Path | None,
+async def attach_epochs(node, reference: RemoteReference, probe: Path | str | None,
                         params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
                         user_listen: str = "127.0.0.1:0", user_kwargs: dict | None = None) -> EpochRunner:
+    """`probe`: "committee" (the probing user node registers with this node's committee), a
+    static directory file (tests), or None (no probing user node)."""
     prober = None
     user = None
-    if probe_directory is not None:
-        from gentorrent.ledger.directory import StaticDirectory
+    if probe is not None:
         from user_client.node import UserNode
         from verifier.epochs.overlay_prober import OverlayProber
 
-        user = UserNode(Path(node.home) / PROBE_HOME, StaticDirectory(Path(probe_directory)), listen=user_listen,
+        home = Path(node.home) / PROBE_HOME
+        user = UserNode(home, _probe_directory(probe, node.genesis, home), listen=user_listen,
                         **(user_kwargs or {}))
         await user.start()
         prober = OverlayProber(user)
@@ -41,3 +45,14 @@ async def attach_epochs(node, reference: RemoteReference, probe_directory: Path 
     node.epochs = runner
     runner.start()
     return runner
+
+
+def _probe_directory(probe: Path | str, genesis, home: Path):
+    if probe == "committee":
+        from gentorrent.crypto.keys import NodeKeys
+        from gentorrent.ledger.committee import CommitteeDirectory
+
+        return CommitteeDirectory(genesis, NodeKeys.load_or_create(home).identity)
+    from gentorrent.ledger.directory import StaticDirectory
+
+    return StaticDirectory(Path(probe))

@@ -1,0 +1,203 @@
+"""Attacks on the registry and the light client, against real processes on 127.0.0.1.
+
+A committee of four `gt-verifier` members (fast timeouts, a 5-s registration lease) of which
+v0 is faulty: first down, later replaced by a Byzantine server that holds v0's TLS identity and
+replays a directory it recorded earlier (validly signed by the committee, just old). User
+nodes and an echo stand-in model node register themselves through `CommitteeDirectory`, as
+`gt-user start --committee` and `gt-model serve --committee` do. Every test names the attack
+it replays; each fails with its defence disabled (THREAT_MODEL.md, "Registry and TLS").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gentorrent.config import CloveParams, OverlayParams
+from gentorrent.ledger import txs
+from gentorrent.ledger.genesis import Genesis
+from gentorrent.ledger.light_client import (Committee, CommitteeReader, DirectoryRejected, LightClient,
+                                            committee_reader, fetch_directory, fetch_from_committee, verify_directory)
+from testkit import faketime
+from testkit.echo_model import ECHO_PREFIX, EchoModelNode
+from testkit.scenarios.adversary_registry import (LEASE_S, RegistryCommittee, hijack_txs, init_committee,
+                                                  node_directory, query_directory_reply, replaying_verifier,
+                                                  serve_as, start_verifier, stop_all, user_nodes)
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[1]
+CLOVES = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
+FAST = OverlayParams(first_reply_timeout_s=8.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
+                     establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
+
+
+@pytest.fixture(scope="module")
+def committee(tmp_path_factory):
+    """Four members, v0 down; yields the genesis path (v1..v3 commit blocks: 3 of 4 > 2/3)."""
+    c = RegistryCommittee(tmp_path_factory.mktemp("attacks"), chain_id="attacks")
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+# --------------------------------------------------------------------------- address hijack
+
+
+async def test_a_second_registration_of_a_taken_address_is_refused(committee, tmp_path):
+    """The hijack of a model node's address: an attacker registers the victim's address with
+    its own certificate, so that proxies pin the attacker's key and cut the victim off. The
+    committee refuses it; the victim keeps serving. A transaction signed for another chain is
+    refused too. (Every node here registered itself while one verifier of four was down.)"""
+    model = EchoModelNode(tmp_path / "model", node_directory(committee, tmp_path / "model"), cloves=CLOVES,
+                          params=FAST)
+    await model.start()
+    users = await user_nodes(committee, tmp_path, 5, cloves=CLOVES, params=FAST)
+    try:
+        me = users[0]
+        await me.paths.fill()
+        before = await me.ask("Say hello.", model=model.model)
+        assert before.served_by == model.keys.identity.node_id_hex and before.text.startswith(ECHO_PREFIX)
+
+        *hijacks, foreign = hijack_txs(model.address, model.model, Genesis.load(committee).chain_id)
+        for tx in hijacks:
+            code, log = await me.directory.submit(tx)
+            assert code == txs.CODE_ADDRESS_TAKEN, log
+            assert model.keys.identity.node_id_hex[:16] in log
+        assert (await me.directory.submit(foreign))[0] == txs.CODE_WRONG_CHAIN
+
+        await asyncio.sleep(1.0)  # a few blocks: an accepted hijack would be in the directory now
+        for node in users:
+            await node.refresh_directory()
+        holders = [r for r in me.directory.users() + me.directory.models() if r.address == model.address]
+        assert [r.node_id for r in holders] == [model.keys.identity.node_id]
+        after = await me.ask("Say hello again.", model=model.model)
+        assert after.served_by == model.keys.identity.node_id_hex
+    finally:
+        for node in users:
+            await node.stop()
+        await model.stop()
+
+
+# --------------------------------------------------------------------------- rollback and staleness
+
+
+async def test_a_replayed_old_directory_never_rolls_a_client_back(committee, tmp_path):
+    """v0 turns Byzantine: it replays the directory of an earlier height, signed by the
+    committee, from before a user node registered. A client that asks it first (every client
+    used to ask v0 first) must neither go back in height nor lose that node; a client that
+    already holds a newer height refuses the replay outright; a fresh client refuses it once
+    it is older than the age bound."""
+    genesis = Genesis.load(committee)
+    old = await query_directory_reply(genesis, 1)
+    newcomer = (await user_nodes(committee, tmp_path, 1))[0]  # registers after `old` was certified
+    fake = await serve_as(committee.parent, genesis.validators[0].address, replaying_verifier(old))
+    try:
+        reader = committee_reader(genesis, timeout=5.0, rng=random.Random(1))
+        heights = []
+        for _ in range(12):
+            heights.append((await reader.refresh()).height)
+        await reader.close()
+        assert heights == sorted(heights) and heights[0] > old.height
+        assert reader.client.current.user(newcomer.keys.identity.node_id) is not None
+
+        only_liar = [genesis.validators[0]]
+        committee_ = Committee.from_genesis(genesis)
+
+        async def fetch(v):
+            return await fetch_directory(v.address, v.tls_cert_pem, committee_, 5.0)
+
+        held = CommitteeReader(only_liar, fetch, LightClient(), random.Random(0))
+        held.client.adopt(reader.client.current)
+        with pytest.raises(DirectoryRejected, match="older than height") as err:
+            await held.refresh()
+        assert "v0: directory rejected" in str(err.value)
+        await asyncio.sleep(2.5)
+        fresh = CommitteeReader(only_liar, fetch, LightClient(max_age_ms=2000), random.Random(0))
+        with pytest.raises(DirectoryRejected, match="certified .* s ago"):
+            await fresh.refresh()
+    finally:
+        await fake.stop(None)
+        await newcomer.stop()
+
+
+@pytest.mark.skipif(faketime.library() is None, reason=faketime.MISSING)
+async def test_a_directory_from_a_verifier_whose_clock_is_far_behind_is_refused(tmp_path):
+    """A one-member committee whose clock runs an hour behind (libfaketime, as `gt-verifier
+    init` and `start` both see it): its directory is validly signed but an hour old by this
+    machine's clock, and refused; the same bytes pass the signature check alone."""
+    env = {**os.environ, **faketime.skewed_env(-3600)}
+    genesis_path = init_committee(tmp_path / "slow", 1, "slow-clock", env=env, lease_s=None)
+    procs = [start_verifier(tmp_path / "slow" / "v0", tmp_path / "slow.log", env=env)]
+    try:
+        genesis = Genesis.load(genesis_path)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reply = await query_directory_reply(genesis, 0)
+                if reply.code == 0:
+                    break
+            except Exception:  # noqa: BLE001 - still starting
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "slow.log").read_text()[-2000:]
+            await asyncio.sleep(0.5)
+        certified = verify_directory(reply.value, reply.height, reply.proof, Committee.from_genesis(genesis))
+        assert time.time() * 1000 - certified.time_ms > 3500 * 1000  # signed, but an hour ago
+        with pytest.raises(DirectoryRejected, match="certified 36\\d\\d s ago"):
+            await fetch_from_committee(genesis, timeout=5.0)
+    finally:
+        stop_all(procs)
+
+
+# --------------------------------------------------------------------------- leases
+
+
+async def test_a_node_that_stops_renewing_leaves_the_directory(committee, tmp_path):
+    """Registrations are leases: a relay that vanished (stopped, so it renews no more) leaves
+    the committee's directory one lease after its last renewal; one that keeps renewing stays."""
+    stays, vanishes = await user_nodes(committee, tmp_path, 2)
+    try:
+        watcher = committee_reader(Genesis.load(committee), timeout=5.0)
+        listed = {u.node_id for u in (await watcher.refresh()).users}
+        assert {stays.keys.identity.node_id, vanishes.keys.identity.node_id} <= listed
+        await vanishes.stop()
+        gone_after = None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2 * LEASE_S:
+            d = await watcher.refresh()
+            if gone_after is None and d.user(vanishes.keys.identity.node_id) is None:
+                gone_after = time.monotonic() - t0
+            assert d.user(stays.keys.identity.node_id) is not None  # renewed every lease / 5
+            await asyncio.sleep(0.5)
+        assert gone_after is not None and gone_after <= LEASE_S + 3.0, gone_after
+        assert stays.directory.renewals >= 5
+    finally:
+        await watcher.close()
+        await stays.stop()
+
+
+# --------------------------------------------------------------------------- addresses nobody can dial
+
+
+def test_listening_on_a_wildcard_needs_advertise(committee, tmp_path):
+    """`--listen 0.0.0.0:PORT` (as a deployment writes it) without `--advertise` would register
+    an address nobody can dial: both CLIs stop at once with an error saying what to give."""
+    out = subprocess.run([sys.executable, "-m", "user_client.cli", "start", "--home", str(tmp_path / "u"),
+                          "--committee", str(committee), "--listen", "0.0.0.0:0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 64 and "needs --advertise HOST:PORT" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "model_node.cli", "serve", "--home", str(tmp_path / "m"),
+                          "--committee", str(committee), "--listen", "0.0.0.0:0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs --advertise HOST:PORT" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "m" / "node.json").exists() and not (tmp_path / "u" / "node.json").exists()
+    assert json.loads(Path(committee).read_text())["chain_id"] == "attacks"
