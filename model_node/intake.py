@@ -30,7 +30,8 @@ import logging
 import time
 from typing import AsyncIterator, Callable
 
-from gentorrent.channels import USER, ChannelPool, PeerIndex
+from gentorrent.channels import ChannelPool
+from gentorrent.ledger.peers import USER, PeerIndex
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, WIRE, CloveParams, OverlayParams
 from gentorrent.crypto.keys import OnionKey
 from gentorrent.ledger.directory import Directory

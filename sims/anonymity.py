@@ -57,7 +57,7 @@ import numpy as np
 
 from gentorrent.config import CLOVES, SIMS
 from sims.common import (
-    SYSTEM_COLORS, SimArgumentError, Table, base_parser, fraction_grid, markdown_table, pivot,
+    SYSTEM_COLORS, Table, base_parser, fraction_grid, markdown_table, pivot,
     plot_lines, progress, require, run_main, write_csv,
 )
 
@@ -87,7 +87,7 @@ def systems(n: int, k: int, l: int, onion_l: int, walk_hops: int) -> list[System
         System("gentorrent", f"GenTorrent (paper: path IDs, n={n}, l={l})", n, l, "path"),
         System("gentorrent_per_hop", f"GenTorrent, per-hop link IDs (ours, n={n}, l={l})", n, l,
                "chain"),
-        System("gentorrent_acks_e2e", f"GenTorrent with end-to-end acks (before; relays knew their position)",
+        System("gentorrent_acks_e2e", "GenTorrent with end-to-end acks (before; relays knew their position)",
                n, l, "position"),
     ]
 

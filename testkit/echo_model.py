@@ -33,7 +33,6 @@ from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayP
 from gentorrent.crypto import sida, tls
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.ledger.directory import Directory, ModelRecord, StaticDirectory
-from gentorrent.overlay import sealing
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from model_node.intake import CloveIntake

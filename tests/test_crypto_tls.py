@@ -155,7 +155,7 @@ def test_peers_are_pinned_by_node_id_never_by_a_claimed_address(tmp_path):
     """Address hijack: an attacker registers the victim's address with its own certificate.
     Lookups go by node id, so the victim's registered certificate is still the one pinned,
     and a presented certificate maps to exactly the node it names."""
-    from gentorrent.channels import PeerIndex
+    from gentorrent.ledger.peers import PeerIndex
     from gentorrent.ledger.directory import StaticDirectory
     from gentorrent.ledger.sections import UserRecord
 

@@ -17,7 +17,6 @@ import pytest
 from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.crypto import onion
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import AskError
 from testkit.echo_model import ECHO_PREFIX, EchoModelNode
 from testkit.localnet import start_user_nodes

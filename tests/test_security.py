@@ -18,8 +18,6 @@ from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.crypto import onion
 from devnet.supervisor import Supervisor, python_module, wait_until
 from testkit.keyleaks import home_secrets, scan_for_secrets
-from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from testkit.echo_model import ECHO_PREFIX
 from testkit.localnet import start_user_nodes
 from user_client.node import UserNode

@@ -47,7 +47,6 @@ from gentorrent.overlay import sealing
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import ModelRecord
 from user_client.paths import PathManager, ProxyPath

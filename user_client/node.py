@@ -22,7 +22,8 @@ from typing import AsyncIterator
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
-from gentorrent.channels import ChannelPool, PeerIndex
+from gentorrent.channels import ChannelPool
+from gentorrent.ledger.peers import PeerIndex
 from user_client.relay import Relay, Tap
 from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from gentorrent.channels import PeerIndex
+from gentorrent.ledger.peers import PeerIndex
 from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import onion
 from gentorrent.overlay.pathtable import DropReason

@@ -30,7 +30,8 @@ from typing import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from gentorrent.channels import MODEL, USER, ChannelPool, PeerIndex
+from gentorrent.channels import ChannelPool
+from gentorrent.ledger.peers import MODEL, USER, PeerIndex
 from gentorrent.config import OVERLAY, WIRE, OverlayParams
 from gentorrent.crypto import onion, tls
 from gentorrent.crypto.keys import Identity, OnionKey

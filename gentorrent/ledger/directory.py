@@ -37,31 +37,6 @@ class Directory(Protocol):
     async def close(self) -> None: ...
 
 
-class DirectoryIndex:
-    """Lookups every node needs on the hot path, rebuilt when the directory changes."""
-
-    def __init__(self, directory: Directory) -> None:
-        self.directory = directory
-        self._users: dict[str, UserRecord] = {}
-        self._models: dict[str, ModelRecord] = {}
-        self.rebuild()
-
-    def rebuild(self) -> None:
-        self._users = {u.address: u for u in self.directory.users()}
-        self._models = {m.address: m for m in self.directory.models()}
-
-    def relay_cert(self, address: str) -> bytes | None:
-        user = self._users.get(address)
-        return user.tls_cert_pem if user else None
-
-    def model_cert(self, address: str) -> bytes | None:
-        model = self._models.get(address)
-        return model.tls_cert_pem if model else None
-
-    def model_by_id(self, node_id_hex: str) -> ModelRecord | None:
-        return next((m for m in self._models.values() if m.node_id_hex == node_id_hex), None)
-
-
 # --------------------------------------------------------------------------- JSON encoding
 
 _BYTES_HEX = ("node_id", "public_key", "onion_key")

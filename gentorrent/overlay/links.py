@@ -38,7 +38,8 @@ from typing import Awaitable, Callable, Protocol
 
 import grpc
 
-from gentorrent.channels import MODEL, ChannelPool, Peer, PeerLookup
+from gentorrent.channels import ChannelPool
+from gentorrent.ledger.peers import MODEL, Peer, PeerLookup
 from gentorrent.config import OVERLAY, WIRE, OverlayParams
 from gentorrent.crypto import keys
 from gentorrent.overlay.pathtable import DropCounter, DropReason
