@@ -131,7 +131,8 @@ class LocalGenerator:
             raise EngineError("the engine ended the request without a final output")
         final.final = True
         final.finish_reason = d.finish_reason
-        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, out, self.clock_ms()))
+        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, out, self.clock_ms(),
+                                                     prompt_tokens=len(prepared.prompt_ids)))
         self.served += 1
         yield final
 
