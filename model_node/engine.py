@@ -21,10 +21,10 @@ from typing import AsyncIterator, Sequence
 
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 from model_node.catalogue import ResolvedModel
-from gentorrent.generation import BadRequestError, Prompt, Sampling
+from gentorrent.generation import BadRequestError, ContextLengthError, Prompt, Sampling
 
 
-class PromptTooLongError(BadRequestError):
+class PromptTooLongError(ContextLengthError):
     """The prompt (plus what must follow it) does not fit the model's context."""
 
 

@@ -20,6 +20,7 @@ from typing import AsyncIterator, Callable
 import grpc
 
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, WIRE, CloveParams, OverlayParams
+from gentorrent import generation
 from gentorrent.crypto import sida
 from gentorrent.crypto.keys import OnionKey
 from gentorrent.overlay import sealing
@@ -139,7 +140,7 @@ class CloveIntake:
                         break
             except Exception as exc:  # the engine failed: tell the user rather than go silent
                 log.warning("serving an overlay query failed: %s", exc)
-                error = pb.GenerateChunk(final=True, error=f"{type(exc).__name__}: {exc}"[:300])
+                error = pb.GenerateChunk(final=True, error=generation.reply_error(exc))
                 sends.extend(self._send_chunk(query, seq, error))
             self.served += 1
             if sends:

@@ -34,6 +34,8 @@ VERSION = "0.1.0"
 class BusyError(RuntimeError):
     """The node is at its admission limit (gRPC RESOURCE_EXHAUSTED "busy")."""
 
+    code = "busy"  # a reply saying so starts "busy: " (sealing.BUSY_ERROR): the user moves on at once
+
 
 def status_code_of(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status a model-node error maps to."""
