@@ -67,6 +67,7 @@ class OverlayParams:
     max_model_attempts: int = 3  # model nodes tried per ask
     failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
     max_routes: int = 16  # reply routes accepted in one query
+    max_affinities: int = 4096  # conversation -> model node pairs a user remembers (oldest forgotten first)
 
 
 OVERLAY = OverlayParams()
@@ -306,6 +307,34 @@ class ModelNodeParams:
 
 MODEL_NODE = ModelNodeParams()
 
+# --------------------------------------------------------------------------- user API
+
+
+@dataclass(frozen=True)
+class UserApiParams:
+    """The user node's local API (user_client/openai_api.py) and what `gt-user ask` sends.
+
+    Sampling defaults are what OpenAI clients send when their caller sets nothing (temperature
+    and top_p 1, the API's own max_tokens, streaming as chat front-ends do), so the project's
+    own asks look like the crowd of asks that verification challenges hide in (ARCHITECTURE.md
+    §3.5). Sessions: a conversation's history stays on the user's node and goes with each turn.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256  # chat asks that leave max_tokens unset
+    completion_max_tokens: int = 16  # /v1/completions that leave it unset (OpenAI's and vLLM's default)
+    stream: bool = True  # gt-user ask streams unless told otherwise
+    max_inflight_asks: int = 32  # asks in flight on one node's API; beyond: 429 with Retry-After
+    retry_after_s: int = 5  # what 429 and 503 answers tell clients to wait
+    max_sessions: int = 256  # conversations kept (least recently used dropped first)
+    session_idle_s: float = 6 * 3600.0  # a conversation untouched this long is forgotten
+    max_session_bytes: int = 64 * 1024  # history kept per conversation; older turns dropped first
+    max_session_name_chars: int = 128
+
+
+USER_API = UserApiParams()
+
 # --------------------------------------------------------------------------- simulators
 
 
@@ -365,3 +394,4 @@ class Defaults:
     epochs: EpochParams = field(default_factory=EpochParams)
     consensus: ConsensusTimeouts = field(default_factory=ConsensusTimeouts)
     model_node: ModelNodeParams = field(default_factory=ModelNodeParams)
+    user_api: UserApiParams = field(default_factory=UserApiParams)

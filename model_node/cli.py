@@ -262,12 +262,12 @@ async def _serve_metrics(listen: str | None, service) -> tuple:
         return None, ""
     from aiohttp import web
 
-    from gentorrent.metrics import serve_app
-    from gentorrent.metrics_views import ModelNodeMetrics, metrics_route
+    from gentorrent.metrics import metrics_route, serve_app
+    from model_node.metrics import ModelMetrics
 
-    view = ModelNodeMetrics()
+    view = ModelMetrics()
     app = web.Application()
-    app.router.add_routes([metrics_route(lambda: view.render(service.status_dict()))])
+    app.router.add_routes([metrics_route(lambda: view.update(service.status_dict()))])
     host = listen.rpartition(":")[0]
     runner, port = await serve_app(app, host, int(listen.rpartition(":")[2]))
     return runner, f"http://{host}:{port}/metrics"
