@@ -294,6 +294,10 @@ class ModelNodeParams:
     # makes prompt_logprobs differ from decode logprobs by ~1e-2; "auto" (bf16) on GPUs.
     cpu_dtype: str = "float32"
     gpu_dtype: str = "auto"
+    # GPU engines only (a CPU engine runs eager, in one process): vLLM's tensor parallelism
+    # (GPUs one engine spans) and the share of each GPU's memory it may take (weights + KV cache)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
     # sampling bounds checked before a request reaches the engine
     max_temperature: float = 2.0
     max_top_k: int = 1000
@@ -303,6 +307,12 @@ class ModelNodeParams:
     max_score_top_k: int = 20  # alternatives per position a scoring call may ask for
     engine_start_timeout_s: float = 600.0
     shutdown_grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.tensor_parallel_size <= 64:
+            raise ValueError(f"tensor_parallel_size must be from 1 to 64, got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 MODEL_NODE = ModelNodeParams()
