@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from gentorrent.cli import Parser, Stages, UsageError, check_can_listen, float_in, host_port, int_in, run
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 
 STATE_FILE = "node.json"
@@ -30,38 +32,27 @@ def default_home() -> Path:
     return Path(os.environ.get("GENTORRENT_HOME", Path.home() / ".gentorrent" / "model"))
 
 
-def _capacity(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not MODEL_NODE.min_capacity <= value <= MODEL_NODE.max_capacity:
-        raise argparse.ArgumentTypeError(
-            f"capacity is a score from {MODEL_NODE.min_capacity} to {MODEL_NODE.max_capacity}")
-    return value
-
-
-def _listen(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gt-model", description="GenTorrent model node")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="gt-model", description="GenTorrent model node: serve a model with vLLM to the overlay")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("serve", help="serve one model with vLLM over gRPC/TLS")
     s.add_argument("--model", default=MODEL_NODE.default_model, help="catalogue name (see `gt-model models`)")
     s.add_argument("--weights", type=Path, help="folder of a Hugging Face checkpoint for --model")
     s.add_argument("--home", type=Path, default=None, help="keys, config.toml, logs, node.json")
-    s.add_argument("--listen", type=_listen, default="127.0.0.1:50061", help="HOST:PORT (port 0: any free)")
-    s.add_argument("--capacity", type=_capacity, default=MODEL_NODE.default_capacity,
+    s.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT (port 0: any free)")
+    s.add_argument("--capacity", type=int_in(MODEL_NODE.min_capacity, MODEL_NODE.max_capacity),
+                   default=MODEL_NODE.default_capacity,
                    help=f"capacity score {MODEL_NODE.min_capacity}..{MODEL_NODE.max_capacity}")
+    s.add_argument("--tensor-parallel-size", type=int_in(1, 64), default=None, metavar="N",
+                   help=f"GPU engines: spread the model over N GPUs (default {MODEL_NODE.tensor_parallel_size}; "
+                        "a CPU engine runs in one process)")
+    s.add_argument("--gpu-memory-utilization", type=float_in(0, 1, low_open=True), default=None, metavar="F",
+                   help=f"GPU engines: share of each GPU's memory the engine may take, in (0, 1] "
+                        f"(default {MODEL_NODE.gpu_memory_utilization}; ignored on a CPU)")
     s.add_argument("--verbose", action="store_true", help="show vLLM's own INFO logs")
     s.add_argument("--stop-with-parent", action="store_true",
                    help="shut down when the process that started this one exits (tests, devnets)")
-    s.add_argument("--metrics", type=_listen, default=None, metavar="HOST:PORT",
+    s.add_argument("--metrics", type=host_port, default=None, metavar="HOST:PORT",
                    help="serve Prometheus text on http://HOST:PORT/metrics")
     s.add_argument("--directory", type=Path, default=None,
                    help="directory JSON file of the overlay: accept cloves, reply to the proxies it lists")
@@ -76,22 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "that holds their prefix")
     s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
                    help="with --forwarding: the group comes from the committee's light-client-checked directory")
-    s.add_argument("--gossip-interval", type=float, default=None, metavar="SECONDS",
+    s.add_argument("--gossip-interval", type=float_in(0.1, 3600), default=None, metavar="SECONDS",
                    help="with --forwarding: seconds between gossip rounds (default: config ROUTING)")
     st = sub.add_parser("status", help="what a running node serves and its load")
-    st.add_argument("--home", type=Path, default=None)
-    st.add_argument("--timeout", type=float, default=10.0)
-    sub.add_parser("models", help="list the model catalogue")
+    st.add_argument("--home", type=Path, default=None, help="the node's home (default: $GENTORRENT_HOME or "
+                                                              "~/.gentorrent/model)")
+    st.add_argument("--timeout", type=float_in(0.1, 600), default=10.0, help="seconds to wait for the node")
+    sub.add_parser("models", help="list the model catalogue and what each model needs")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "models":
-        return _models()
+        return run(_models, "gt-model")
     if args.command == "status":
-        return asyncio.run(_status(args.home or default_home(), args.timeout))
-    return _serve(args)
+        return run(lambda: asyncio.run(_status(args.home or default_home(), args.timeout)), "gt-model")
+    return run(lambda: _serve(args), "gt-model")
 
 
 def _models() -> int:
@@ -100,16 +92,35 @@ def _models() -> int:
     for e in CATALOGUE.values():
         where = f"pip: {e.pip_name}" if e.embedded else f"hf: {e.hf_id}"
         print(f"{e.name:14s} {e.description}  [{where}]")
+        print(f"{'':14s} needs: {e.needs}; context {e.context} tokens")
     return 0
 
 
 # --------------------------------------------------------------------------- serve
 
 
-def _load_params(home: Path) -> ModelNodeParams:
+def _load_params(home: Path, args=None) -> ModelNodeParams:
+    """The home's [model_node] settings, with the engine options given on the command line."""
+    from dataclasses import replace
+
     from gentorrent import settings
 
-    return settings.load_home(home)["model_node"]
+    params = settings.load_home(home)["model_node"]
+    given = {k: getattr(args, k) for k in ("tensor_parallel_size", "gpu_memory_utilization")
+             if args is not None and getattr(args, k, None) is not None}
+    return replace(params, **given)
+
+
+def _check_hardware(args, params: ModelNodeParams) -> None:
+    """--- GPU engines: the model fits the GPUs as asked, or a clear error before loading."""
+    from model_node import catalogue
+    from model_node.engine import local_gpus_gib
+
+    gpus = local_gpus_gib()
+    if not gpus and args.gpu_memory_utilization is not None:
+        print("gt-model: note: --gpu-memory-utilization has no effect on a CPU machine", file=sys.stderr)
+    catalogue.check_hardware(catalogue.lookup(args.load_model), gpus, params.tensor_parallel_size,
+                             params.gpu_memory_utilization)
 
 
 def _serve(args) -> int:
@@ -128,7 +139,9 @@ def _serve(args) -> int:
             plan = cheaters.prepare(args.dishonest, args.model, args.weights)
             args.load_model, args.weights = plan.load_model, plan.weights
         catalogue.check_available(args.load_model, args.weights)
-        params = _load_params(home)
+        params = _load_params(home, args)
+        _check_hardware(args, params)
+        check_can_listen(args.listen, "--listen")
     except ValueError as exc:  # CatalogueError, settings.ConfigError
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
         return 2
@@ -140,6 +153,23 @@ def _serve(args) -> int:
     except catalogue.CatalogueError as exc:
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
         return 2
+
+
+#: start-up stages of `gt-model serve` (shown on stderr with their times)
+STAGES = ["preparing the weights", "loading the vLLM engine", "opening the overlay intake"]
+ENGINE_START_FILE = "engine_start.json"  # this machine's last engine start-up time: the next estimate
+
+
+def _last_engine_start(home: Path) -> float | None:
+    try:
+        return float(json.loads((home / ENGINE_START_FILE).read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _note_engine_start(home: Path, seconds: float) -> None:
+    with contextlib.suppress(OSError):
+        (home / ENGINE_START_FILE).write_text(json.dumps({"seconds": round(seconds, 1)}))
 
 
 def _setup_logging(home: Path) -> None:
@@ -173,20 +203,31 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
     keys = NodeKeys.load_or_create(home)
     tls_id = tls.TlsIdentity.load_or_create(home, keys.identity)
     t0 = time.monotonic()
-    log.info("resolving %s (an embedded model is converted once into %s)", args.model, catalogue.cache_root())
+    stages = Stages("gt-model", STAGES)
+    try:  # the port first: a taken port is an error now, not after a minute of engine loading
+        server, port = tls.new_server(tls_id, args.listen)
+    except Exception as exc:  # grpc raises RuntimeError for a port it cannot bind
+        raise UsageError(f"cannot listen on {args.listen}: {exc}; choose another --listen (port 0: any free)") \
+            from None
+    stages.begin(STAGES[0], detail=f"{args.load_model} (an embedded model is converted once into "
+                                   f"{catalogue.cache_root()})")
     model = await asyncio.to_thread(catalogue.resolve, getattr(args, "load_model", args.model), args.weights)
-    log.info("starting the vLLM engine on %s", model.path)
+    stages.begin(STAGES[1], usual_s=_last_engine_start(home), detail=str(model.path))
+    ticker = asyncio.ensure_future(stages.ticking())
     engine_task = asyncio.ensure_future(Engine.start(model, params))
     stop_task = asyncio.ensure_future(stop.wait())
     await asyncio.wait({engine_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    ticker.cancel()
     if not engine_task.done():
         log.info("stopped while the engine was starting")
         engine_task.cancel()
+        await server.stop(None)
         return 0
     engine = engine_task.result()
+    _note_engine_start(home, engine.startup_s)
+    stages.begin(STAGES[2])
     state = home / STATE_FILE
     try:
-        server, port = tls.new_server(tls_id, args.listen)
         host = args.listen.rpartition(":")[0]
         address = f"{host}:{port}"
         generator = LocalGenerator(engine, keys.identity, params)
@@ -224,6 +265,7 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
         })
         log.info("serving %s on %s as node %s (ready in %.1f s)", engine.model, address,
                  keys.identity.node_id_hex[:16], time.monotonic() - t0)
+        stages.finish(f"serving {engine.model} on {address}")
         print(f"gt-model: serving {engine.model} on {address} node {keys.identity.node_id_hex}", flush=True)
         await stop.wait()
         log.info("shutting down")

@@ -52,7 +52,7 @@ def test_user_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
     (tmp_path / "config.toml").write_text("[overlay]\nmaintenance_interval_sec = 3.0\n")
     (tmp_path / "directory.json").write_text("{}")
     out = _cli("user_client.cli", "start", "--home", str(tmp_path), "--directory", str(tmp_path / "directory.json"))
-    assert out.returncode == 64
+    assert out.returncode == 2
     assert "overlay.maintenance_interval_sec: unknown key (did you mean 'maintenance_interval_s'?)" in out.stderr
     assert not (tmp_path / "node.json").exists()
 
