@@ -63,7 +63,7 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def _throttled(progress: Progress, every_s: float = 30.0) -> Progress:
+def _throttled(progress: Progress, every_s: float = 15.0) -> Progress:
     """Pass every line on, but "still waiting" notes (every 5 s) only every `every_s`."""
     last = [0.0]
 
@@ -253,7 +253,7 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
 
 
 def _wait_alive(sup: Supervisor, names: list[str], check: Callable[[], bool], timeout: float, what: str,
-                progress: Progress) -> None:
+                progress: Progress, status: Callable[[], str] | None = None, usual_s: float | None = None) -> None:
     """wait_until, failing at once (with the log's tail) if one of `names` died."""
     dead: list[str] = []
 
@@ -261,7 +261,7 @@ def _wait_alive(sup: Supervisor, names: list[str], check: Callable[[], bool], ti
         dead.extend(name for name in names if not sup.alive(name))
         return bool(dead) or check()
 
-    wait_until(guarded, timeout, what, progress)
+    wait_until(guarded, timeout, what, progress, status=status, usual_s=usual_s)
     if dead:
         name = dead[0]
         tail = (sup.logs / f"{name}.log").read_bytes()[-2500:].decode(errors="replace")
@@ -312,7 +312,8 @@ def _start_model_batch(sup: Supervisor, root: Path, plan: list, shape: DevnetPar
         sup.spawn(f"model-{name}", argv, env={"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)})
     _wait_alive(sup, [f"model-{name}" for name in homes],
                 lambda: all((h / "node.json").exists() for h in homes.values()),
-                shape.model_start_timeout_s, f"model node(s) {', '.join(homes)} to serve", progress)
+                shape.model_start_timeout_s, f"model node(s) {', '.join(homes)} to serve", progress,
+                status=lambda: _engine_stages(sup, homes), usual_s=_usual_engine_start())
     nodes = []
     for name, cheat in plan:
         info = _read_json(homes[name] / "node.json") or {}
@@ -370,7 +371,8 @@ def _start_users(sup: Supervisor, root: Path, count: int, progress: Progress) ->
     progress(f"user nodes: {count} started, waiting for them to listen")
     names = [f"user-{n.name}" for n in nodes]
     _wait_alive(sup, names, lambda: all((Path(n.home) / "node.json").exists() for n in nodes),
-                DEVNET.node_start_timeout_s, f"{count} user nodes to listen", progress)
+                DEVNET.node_start_timeout_s, f"{count} user nodes to listen", progress,
+                status=lambda: f"{sum((Path(n.home) / 'node.json').exists() for n in nodes)} of {count} listening")
     for n in nodes:
         info = _read_json(Path(n.home) / "node.json") or {}
         n.address, n.node_id = info["address"], info["node_id"]
@@ -407,7 +409,36 @@ def user_status(user: NodeInfo, timeout: float = 10.0) -> dict:
 
 
 def _paths_ready(users: list[NodeInfo]) -> bool:
-    return all(user_status(u)["paths"].get("usable", 0) >= CLOVES.n for u in users)
+    return _users_with_paths(users) == len(users)
+
+
+def _users_with_paths(users: list[NodeInfo]) -> int:
+    return sum(user_status(u)["paths"].get("usable", 0) >= CLOVES.n for u in users)
+
+
+def _engine_stages(sup: Supervisor, homes: dict[str, Path]) -> str:
+    """Where each starting model node is, from the stage lines `gt-model serve` writes to its log."""
+    parts = []
+    for name, home in homes.items():
+        if (home / "node.json").exists():
+            parts.append(f"{name} serving")
+            continue
+        try:
+            tail = (sup.logs / f"model-{name}.log").read_bytes()[-4000:].decode(errors="replace")
+        except OSError:
+            tail = ""
+        stage = next((line.split("gt-model: ", 1)[1] for line in reversed(tail.splitlines())
+                      if line.startswith("gt-model: [")), "starting")
+        parts.append(f"{name} {stage}")
+    return ", ".join(parts)
+
+
+def _usual_engine_start() -> float | None:
+    """This machine's last engine start-up (written by gt-model), plus the devnet's own set-up."""
+    from model_node.cli import last_engine_start
+
+    seconds = last_engine_start(MODEL_NODE.default_model)
+    return None if seconds is None else seconds * 1.5 + 10
 
 
 # --------------------------------------------------------------------------- up / down
@@ -448,7 +479,8 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
         state.save()
         sup.spawn(MIRROR, python_module("devnet.network", "--root", str(root), "mirror"))
         _wait_alive(sup, recorded(root), lambda: _paths_ready(users), shape.healthy_timeout_s,
-                    f"every user node to hold {CLOVES.n} proxy paths", progress)
+                    f"every user node to hold {CLOVES.n} proxy paths", progress,
+                    status=lambda: f"{_users_with_paths(users)} of {len(users)} ready")
         _wait_alive(sup, recorded(root), lambda: _committee_lists(state), shape.healthy_timeout_s,
                     "the committee's certified directory to list every node", progress)
         state.ready_s = round(time.monotonic() - t0, 1)

@@ -157,19 +157,31 @@ def _serve(args) -> int:
 
 #: start-up stages of `gt-model serve` (shown on stderr with their times)
 STAGES = ["preparing the weights", "loading the vLLM engine", "opening the overlay intake"]
-ENGINE_START_FILE = "engine_start.json"  # this machine's last engine start-up time: the next estimate
+ENGINE_START_FILE = "engine_start.json"  # in the model cache: this machine's last start-up time per model
 
 
-def _last_engine_start(home: Path) -> float | None:
+def last_engine_start(model: str) -> float | None:
+    """How long the engine of `model` took to start the last time on this machine (the next
+    start's estimate, for gt-model and gt-devnet); None when it never started here."""
+    from model_node.catalogue import cache_root
+
     try:
-        return float(json.loads((home / ENGINE_START_FILE).read_text())["seconds"])
+        return float(json.loads((cache_root() / ENGINE_START_FILE).read_text())[model])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _note_engine_start(home: Path, seconds: float) -> None:
-    with contextlib.suppress(OSError):
-        (home / ENGINE_START_FILE).write_text(json.dumps({"seconds": round(seconds, 1)}))
+def _note_engine_start(model: str, seconds: float) -> None:
+    from model_node.catalogue import cache_root
+
+    path = cache_root() / ENGINE_START_FILE
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[model] = round(seconds, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, path)
 
 
 def _setup_logging(home: Path) -> None:
@@ -212,7 +224,7 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
     stages.begin(STAGES[0], detail=f"{args.load_model} (an embedded model is converted once into "
                                    f"{catalogue.cache_root()})")
     model = await asyncio.to_thread(catalogue.resolve, getattr(args, "load_model", args.model), args.weights)
-    stages.begin(STAGES[1], usual_s=_last_engine_start(home), detail=str(model.path))
+    stages.begin(STAGES[1], usual_s=last_engine_start(args.load_model), detail=str(model.path))
     ticker = asyncio.ensure_future(stages.ticking())
     engine_task = asyncio.ensure_future(Engine.start(model, params))
     stop_task = asyncio.ensure_future(stop.wait())
@@ -224,7 +236,7 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
         await server.stop(None)
         return 0
     engine = engine_task.result()
-    _note_engine_start(home, engine.startup_s)
+    _note_engine_start(args.load_model, engine.startup_s)
     stages.begin(STAGES[2])
     state = home / STATE_FILE
     try:

@@ -213,3 +213,26 @@ def test_gt_devnet_up_warns_about_a_committee_that_tolerates_no_fault(tmp_path, 
     assert devnet.main(["--root", str(tmp_path), "up", "--verifiers", "2"]) == 1
     err = capsys.readouterr().err
     assert "warning: a committee of 2 tolerates no faulty" in err and "stopped here by the test" in err
+
+
+def test_devnet_waits_say_how_far_they_are_and_how_long_it_usually_takes(tmp_path):
+    from devnet.supervisor import wait_until
+
+    notes, ready = [], iter([False, False, False, True])
+    wait_until(lambda: next(ready), 10, "2 engines to serve", notes.append, poll_s=0.05,
+               status=lambda: "honest0 [2/3] loading the vLLM engine: 31 s of ~20 s", usual_s=45, note_every_s=0.01)
+    assert notes and "honest0 [2/3] loading the vLLM engine" in notes[0] and "of ~45s usual" in notes[0]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "model-a.log").write_text("INFO vllm ...\ngt-model: [1/3] preparing the weights ...\n"
+                                      "gt-model: [2/3] loading the vLLM engine: 15 s of ~20 s\nWARNING x\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "node.json").write_text("{}")
+
+    class Sup:
+        pass
+
+    sup = Sup()
+    sup.logs = logs
+    assert devnet._engine_stages(sup, {"a": tmp_path / "a", "b": tmp_path / "b"}) == \
+        "a [2/3] loading the vLLM engine: 15 s of ~20 s, b serving"

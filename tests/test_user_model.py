@@ -100,8 +100,17 @@ async def _gt_user_asks_in_chat_with_sessions(node, model_node) -> None:
             answer = await ask({"prompt": "Why is the sky blue?", "max_tokens": 24})
             assert len(answer["text"].split()) >= 5, answer["text"]
             assert answer["usage"]["prompt_tokens"] > 5 and answer["served_by"] == model_node.node_id
-            await ask({"prompt": "My name is Ada.", "session": "intro", "max_tokens": 16})
+            first = await ask({"prompt": "My name is Ada.", "session": "intro", "max_tokens": 16})
             follow = await ask({"prompt": "What is my name?", "session": "intro", "max_tokens": 16})
-            assert "ada" in follow["text"].lower(), follow["text"]
+            # the history went with the follow-up, through the chat template (135M parameters
+            # do not reliably recall a name, so the test checks what was sent, not the recall)
+            assert follow["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"] + len(first["token_ids"])
+            history = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": first["text"]},
+                       {"role": "user", "content": "What is my name?"}]
+            async with s.post(api.url + "/v1/chat/completions", timeout=aiohttp.ClientTimeout(total=600),
+                              json={"model": "smollm2-135m", "messages": history, "max_tokens": 16,
+                                    "temperature": 0.0}) as r:
+                openai_answer = (await r.json())["choices"][0]["message"]["content"]
+            assert openai_answer == follow["text"]  # any OpenAI client resending the history: the same answer
     finally:
         await api.stop()

@@ -72,9 +72,11 @@ class ApiState:
         finally:
             self.inflight -= 1
 
-    async def known_models(self) -> dict[str, list]:
-        """Model name -> its registered nodes, re-reading the directory at most once a second."""
-        if time.monotonic() - self._last_refresh > 1.0:
+    async def known_models(self, fresh: bool = False) -> dict[str, list]:
+        """Model name -> its registered nodes, from the directory the node holds (kept fresh by
+        its maintenance); `fresh` re-reads it first, at most once a second (a model that is
+        missing may just have been registered)."""
+        if fresh and time.monotonic() - self._last_refresh > 1.0:
             self._last_refresh = time.monotonic()
             with contextlib.suppress(Exception):  # an unreachable committee: work from what we hold
                 await self.node.refresh_directory()
@@ -83,8 +85,11 @@ class ApiState:
             models.setdefault(m.model, []).append(m)
         return models
 
+    async def has_model(self, name: str) -> bool:
+        return name in await self.known_models() or name in await self.known_models(fresh=True)
+
     async def check_model(self, spec: AskSpec) -> None:
-        if spec.node_id is None and spec.model not in await self.known_models():
+        if spec.node_id is None and not await self.has_model(spec.model):
             raise ApiError(404, f"The model '{spec.model}' does not exist in this network (no model node "
                                 "registered it); GET /v1/models lists the models that do",
                            param="model", code="model_not_found")
@@ -313,7 +318,8 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def retrieve_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
-    nodes = (await _state(request).known_models()).get(name)
+    state = _state(request)
+    nodes = (await state.known_models()).get(name) if await state.has_model(name) else None
     if not nodes:
         raise ApiError(404, f"The model '{name}' does not exist in this network", param="model",
                        code="model_not_found")
