@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -65,9 +66,9 @@ def run(body: Callable[[], int], prog: str, stderr: TextIO | None = None) -> int
         return exc.code
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `gt-x ... | head`: the reader left
-        with contextlib.suppress(Exception):
-            sys.stdout = open(__import__("os").devnull, "w")
+    except BrokenPipeError:  # `gt-x ... | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

@@ -236,3 +236,23 @@ def test_devnet_waits_say_how_far_they_are_and_how_long_it_usually_takes(tmp_pat
     sup.logs = logs
     assert devnet._engine_stages(sup, {"a": tmp_path / "a", "b": tmp_path / "b"}) == \
         "a [2/3] loading the vLLM engine: 15 s of ~20 s, b serving"
+
+
+def test_stages_say_which_stage_how_long_and_how_long_it_usually_takes():
+    import io
+
+    from gentorrent.cli import Stages
+
+    now = [100.0]
+    out = io.StringIO()
+    stages = Stages("gt-x", ["loading", "registering"], out=out, clock=lambda: now[0])
+    stages.begin("loading", usual_s=40, detail="model m")
+    now[0] += 30
+    stages.note()
+    stages.begin("registering")
+    now[0] += 2.5
+    stages.finish("serving")
+    assert out.getvalue().splitlines() == [
+        "gt-x: [1/2] loading: model m, usually ~40 s ...", "gt-x: [1/2] loading: 30 s of ~40 s",
+        "gt-x: [1/2] loading: done in 30.0 s", "gt-x: [2/2] registering ...", "gt-x: [2/2] registering: done in 2.5 s",
+        "gt-x: serving (ready after 32.5 s)"]

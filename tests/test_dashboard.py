@@ -18,7 +18,6 @@ from verifier.dashboard import (CURVE_RGB, TRUSTED_RGB, UNTRUSTED_RGB, Dashboard
 from verifier.dashboard_live import LiveDashboard
 from verifier.history import MAX_POINTS, ClosedEpoch, ReputationHistory
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _data() -> DashboardData:
