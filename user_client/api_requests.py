@@ -349,7 +349,7 @@ def parse_gt_ask(body: Any, params: UserApiParams = USER_API) -> AskSpec:
     raw = body.get("raw", False)
     if not isinstance(raw, bool) or (raw and (session or body.get("system"))):
         raise bad("raw must be true or false, and a raw prompt takes no session or system prompt", "raw")
-    stream = body.get("stream", params.stream)
+    stream = body.get("stream", False)  # gt-user ask says which it wants (USER_API.stream is its default)
     if not isinstance(stream, bool):
         raise bad("stream must be true or false", "stream")
     system = body.get("system") or None
