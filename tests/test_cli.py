@@ -256,3 +256,12 @@ def test_stages_say_which_stage_how_long_and_how_long_it_usually_takes():
         "gt-x: [1/2] loading: model m, usually ~40 s ...", "gt-x: [1/2] loading: 30 s of ~40 s",
         "gt-x: [1/2] loading: done in 30.0 s", "gt-x: [2/2] registering ...", "gt-x: [2/2] registering: done in 2.5 s",
         "gt-x: serving (ready after 32.5 s)"]
+
+
+def test_gt_devnet_up_prints_the_dashboards_and_the_openai_api_url(tmp_path, monkeypatch, capsys):
+    user = devnet.NodeInfo("u00", "user", str(tmp_path / "u00"), extra={"api": "http://127.0.0.1:5555"})
+    verifier = devnet.NodeInfo("v0", "verifier", str(tmp_path / "v0"), extra={"dashboard": "http://127.0.0.1:6666/"})
+    monkeypatch.setattr(devnet, "up", lambda *a, **k: devnet.DevnetState(str(tmp_path), "c", "", "", [verifier, user]))
+    assert devnet.main(["up", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "dashboard of v0: http://127.0.0.1:6666/" in out and "http://127.0.0.1:5555/v1" in out
