@@ -111,12 +111,12 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
                     devnet.REFERENCE: "gentorrent_load", "user": "gentorrent_cloves_relayed"}[node.role] in text
 
         # the verifiers' status page shows the live network (rendered by headless Chromium)
-        from test_dashboard import chromium_dump_dom  # tests/ is on sys.path under pytest
+        from testkit.browser import dump_dom
 
-        dom = chromium_dump_dom(state.of_role("verifier")[0].extra["dashboard"])
+        dom = dump_dom(state.of_role("verifier")[0].extra["dashboard"])
         assert dom.count('class="model"') == len(models)
         assert all(m.node_id[:16] in dom for m in models)
-        users_shown = re.search(r'<span id="users">(\d+)</span> user nodes', dom)
+        users_shown = re.search(r'id="users">user nodes<b>(\d+)</b>', dom)
         assert users_shown and int(users_shown.group(1)) >= shape.users
 
         # verification: the dishonest node becomes untrusted, when this build runs epochs
