@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from gentorrent.cli import Parser, UsageError, committee_size_note, int_in, run
 from gentorrent.config import CLOVES, DEVNET, MODEL_NODE, DevnetParams
 from devnet.supervisor import STATE_FILE as PROCESSES_FILE
 from devnet.supervisor import (Supervisor, free_port_block, python_module, recorded, running, stop_recorded,
@@ -62,7 +63,7 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def _throttled(progress: Progress, every_s: float = 30.0) -> Progress:
+def _throttled(progress: Progress, every_s: float = 15.0) -> Progress:
     """Pass every line on, but "still waiting" notes (every 5 s) only every `every_s`."""
     last = [0.0]
 
@@ -156,6 +157,9 @@ def _http_json(url: str, body: dict | None = None, timeout: float = 10.0) -> dic
         except (ValueError, KeyError, TypeError):
             message = str(exc)
         raise DevnetError(f"{url}: HTTP {exc.code}: {message}") from exc
+    except (urllib.error.URLError, OSError) as exc:  # the node is down (the devnet was stopped, or crashed)
+        raise DevnetError(f"nothing answers at {url} ({getattr(exc, 'reason', exc)}): is the devnet up? "
+                          "`gt-devnet status` shows what runs") from None
 
 
 # --------------------------------------------------------------------------- committee
@@ -236,7 +240,7 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
 
 
 def _wait_alive(sup: Supervisor, names: list[str], check: Callable[[], bool], timeout: float, what: str,
-                progress: Progress) -> None:
+                progress: Progress, status: Callable[[], str] | None = None, usual_s: float | None = None) -> None:
     """wait_until, failing at once (with the log's tail) if one of `names` died."""
     dead: list[str] = []
 
@@ -244,7 +248,7 @@ def _wait_alive(sup: Supervisor, names: list[str], check: Callable[[], bool], ti
         dead.extend(name for name in names if not sup.alive(name))
         return bool(dead) or check()
 
-    wait_until(guarded, timeout, what, progress)
+    wait_until(guarded, timeout, what, progress, status=status, usual_s=usual_s)
     if dead:
         name = dead[0]
         tail = (sup.logs / f"{name}.log").read_bytes()[-2500:].decode(errors="replace")
@@ -322,7 +326,8 @@ def _wait_engines(sup: Supervisor, root: Path, plan: list, shape: DevnetParams,
     homes = {name: root / "models" / name for name, _ in plan}
     _wait_alive(sup, [f"model-{name}" for name in homes],
                 lambda: all((h / "node.json").exists() for h in homes.values()),
-                shape.model_start_timeout_s, f"model node(s) {', '.join(homes)} to serve", progress)
+                shape.model_start_timeout_s, f"model node(s) {', '.join(homes)} to serve", progress,
+                status=lambda: _engine_stages(sup, homes), usual_s=_usual_engine_start())
     nodes = []
     for name, cheat in plan:
         info = _read_json(homes[name] / "node.json") or {}
@@ -359,7 +364,8 @@ def _start_users(sup: Supervisor, root: Path, genesis: Path, count: int, progres
     progress(f"user nodes: {count} started, each registering itself with the committee")
     names = [f"user-{n.name}" for n in nodes]
     _wait_alive(sup, names, lambda: all((Path(n.home) / "node.json").exists() for n in nodes),
-                DEVNET.node_start_timeout_s, f"{count} user nodes to register and listen", progress)
+                DEVNET.node_start_timeout_s, f"{count} user nodes to register and listen", progress,
+                status=lambda: f"{sum((Path(n.home) / 'node.json').exists() for n in nodes)} of {count} registered")
     for n in nodes:
         info = _read_json(Path(n.home) / "node.json") or {}
         n.address, n.node_id = info["address"], info["node_id"]
@@ -373,7 +379,36 @@ def user_status(user: NodeInfo, timeout: float = 10.0) -> dict:
 
 
 def _paths_ready(users: list[NodeInfo]) -> bool:
-    return all(user_status(u)["paths"].get("usable", 0) >= CLOVES.n for u in users)
+    return _users_with_paths(users) == len(users)
+
+
+def _users_with_paths(users: list[NodeInfo]) -> int:
+    return sum(user_status(u)["paths"].get("usable", 0) >= CLOVES.n for u in users)
+
+
+def _engine_stages(sup: Supervisor, homes: dict[str, Path]) -> str:
+    """Where each starting model node is, from the stage lines `gt-model serve` writes to its log."""
+    parts = []
+    for name, home in homes.items():
+        if (home / "node.json").exists():
+            parts.append(f"{name} serving")
+            continue
+        try:
+            tail = (sup.logs / f"model-{name}.log").read_bytes()[-4000:].decode(errors="replace")
+        except OSError:
+            tail = ""
+        stage = next((line.split("gt-model: ", 1)[1] for line in reversed(tail.splitlines())
+                      if line.startswith("gt-model: [")), "starting")
+        parts.append(f"{name} {stage}")
+    return ", ".join(parts)
+
+
+def _usual_engine_start() -> float | None:
+    """This machine's last engine start-up (written by gt-model), plus the devnet's own set-up."""
+    from model_node.cli import last_engine_start
+
+    seconds = last_engine_start(MODEL_NODE.default_model)
+    return None if seconds is None else seconds * 1.5 + 10
 
 
 # --------------------------------------------------------------------------- up / down
@@ -409,7 +444,8 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
                             epochs=epochs)
         state.save()
         _wait_alive(sup, recorded(root), lambda: _paths_ready(users), shape.healthy_timeout_s,
-                    f"every user node to hold {CLOVES.n} proxy paths", progress)
+                    f"every user node to hold {CLOVES.n} proxy paths", progress,
+                    status=lambda: f"{_users_with_paths(users)} of {len(users)} ready")
         _wait_alive(sup, recorded(root), lambda: _committee_lists(state), shape.healthy_timeout_s,
                     "the committee's certified directory to list every node", progress)
         state.ready_s = round(time.monotonic() - t0, 1)
@@ -590,35 +626,55 @@ def describe_status(report: dict) -> str:
 # --------------------------------------------------------------------------- command line
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gt-devnet", description="a whole GenTorrent network on 127.0.0.1")
-    p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="homes, logs and state (default var/devnet)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    u = sub.add_parser("up", help="start verifiers, model nodes and user nodes; wait until healthy")
-    u.add_argument("--verifiers", type=int, default=DEVNET.verifiers)
-    u.add_argument("--honest", type=int, default=DEVNET.honest_models)
-    u.add_argument("--dishonest", type=int, default=DEVNET.dishonest_models)
-    u.add_argument("--users", type=int, default=DEVNET.users)
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="gt-devnet", description="a whole GenTorrent network on 127.0.0.1")
+    root_help = f"homes, logs and state (default {DEFAULT_ROOT}, or $GT_DEVNET_ROOT)"
+    p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help=root_help)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_text)
+        # --root after the command too (`gt-devnet status --root X`, as the docs and hints write it)
+        c.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=root_help)
+        return c
+
+    u = command("up", "start verifiers, model nodes and user nodes; wait until healthy")
+    u.add_argument("--verifiers", type=int_in(1, 31), default=DEVNET.verifiers,
+                   help="committee members (fewer than 4 tolerate no faulty member)")
+    u.add_argument("--honest", type=int_in(1, 16), default=DEVNET.honest_models, help="honest model nodes")
+    u.add_argument("--dishonest", type=int_in(0, 16), default=DEVNET.dishonest_models, help="dishonest model nodes")
+    u.add_argument("--users", type=int_in(CLOVES.n, 256), default=DEVNET.users,
+                   help=f"user nodes (at least n = {CLOVES.n}: each ask needs that many relays)")
     u.add_argument("--dishonest-kind", default=DEVNET.dishonest_variant,
                    help="how the dishonest nodes cheat (gt-model serve --dishonest KIND)")
-    u.add_argument("--parallel-models", type=int, default=DEVNET.parallel_model_starts,
+    u.add_argument("--parallel-models", type=int_in(1, 16), default=DEVNET.parallel_model_starts,
                    help="vLLM engines starting at once (1: one after another)")
     u.add_argument("--no-dashboard", action="store_true", help="do not serve the verifiers' status pages")
     u.add_argument("--no-epochs", action="store_true",
                    help="no verification epochs (and no reference engine: one vLLM engine less)")
-    s = sub.add_parser("status", help="what runs and how each node is doing")
-    s.add_argument("--json", action="store_true")
-    a = sub.add_parser("ask", help="ask a question through a user node's anonymous overlay")
-    a.add_argument("prompt")
-    a.add_argument("--user", type=int, default=0)
-    a.add_argument("--max-tokens", type=int, default=64)
-    a.add_argument("--json", action="store_true")
-    sub.add_parser("down", help="stop everything `up` started (nothing else)")
-    args = p.parse_args(argv)
+    s = command("status", "what runs and how each node is doing")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    a = command("ask", "ask a question through a user node's anonymous overlay")
+    a.add_argument("prompt", metavar="QUESTION", help="the question; `-` reads it from stdin")
+    a.add_argument("--user", type=int_in(0), default=0, help="which user node asks (0 = u00)")
+    a.add_argument("--max-tokens", type=int_in(1, MODEL_NODE.max_new_tokens), default=64,
+                   help="longest answer in tokens")
+    a.add_argument("--json", action="store_true", help="print the answer as JSON")
+    command("down", "stop everything `up` started (nothing else)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(lambda: _main(args), "gt-devnet")
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         if args.cmd == "up":
-            if args.verifiers < 1 or args.users < CLOVES.n or args.honest < 1 or args.dishonest < 0:
-                p.error(f"need >= 1 verifier, >= 1 honest model node and >= {CLOVES.n} users")
+            note = committee_size_note(args.verifiers)
+            if note:
+                print(f"gt-devnet: warning: {note}", file=sys.stderr)
             shape = replace(DEVNET, verifiers=args.verifiers, honest_models=args.honest,
                             dishonest_models=args.dishonest, users=args.users,
                             parallel_model_starts=args.parallel_models, dishonest_variant=args.dishonest_kind,
@@ -627,23 +683,24 @@ def main(argv: list[str] | None = None) -> int:
             for v in state.of_role("verifier"):
                 if v.extra.get("dashboard"):
                     print(f"dashboard of {v.name}: {v.extra['dashboard']}")
+            for u in state.of_role("user")[:1]:
+                print(f"OpenAI-compatible API of {u.name}: {u.extra['api']}/v1 (any OpenAI client; "
+                      f"`gt-devnet ask` uses it)")
             return 0
         if args.cmd == "status":
             report = status(args.root)
             print(json.dumps(report, indent=1) if args.json else describe_status(report))
             return 0 if all(r["running"] for r in report["nodes"]) else 1
         if args.cmd == "ask":
-            answer = ask(args.prompt, args.root, args.user, args.max_tokens)
+            prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+            answer = ask(prompt, args.root, args.user, args.max_tokens)
             print(json.dumps(answer) if args.json else describe_answer(answer))
             return 0
         stopped = down(args.root)
         print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))
         return 0
     except (DevnetError, TimeoutError) as exc:
-        print(f"gt-devnet: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        raise UsageError(str(exc), code=1) from None
 
 
 if __name__ == "__main__":

@@ -163,8 +163,12 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
-               progress: Callable[[str], None] | None = None, poll_s: float = 0.5) -> None:
-    """Poll `check` until true; raise TimeoutError naming `what` (and show progress)."""
+               progress: Callable[[str], None] | None = None, poll_s: float = 0.5,
+               status: Callable[[], str] | None = None, usual_s: float | None = None,
+               note_every_s: float = 5.0) -> None:
+    """Poll `check` until true; raise TimeoutError naming `what`. Every 5 s a progress note
+    says how far it is (`status()`, e.g. "2 of 3 engines ready"), for how long, and how long
+    it usually takes (`usual_s`, when known)."""
     start = time.monotonic()
     last_note = start
     while True:
@@ -176,10 +180,20 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
         now = time.monotonic()
         if now - start > timeout_s:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        if progress and now - last_note >= 5:
-            progress(f"  … still waiting for {what} ({now - start:.0f}s)")
+        if progress and now - last_note >= note_every_s:
+            progress(f"  … still waiting for {what}: {_status(status)}{now - start:.0f}s"
+                     f"{f' of ~{usual_s:.0f}s usual' if usual_s else ''}, giving up after {timeout_s:.0f}s")
             last_note = now
         time.sleep(poll_s)
+
+
+def _status(status: Callable[[], str] | None) -> str:
+    if status is None:
+        return ""
+    try:
+        return f"{status()}; "
+    except Exception:  # progress must never break the wait
+        return ""
 
 
 def python_module(module: str, *args: str) -> list[str]:

@@ -80,6 +80,7 @@ class OverlayParams:
     failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
     link_hello_timeout_s: float = 5.0  # a proxy must authenticate on a model node's link within this
     link_queue_frames: int = 4096  # frames queued on one link before new ones are dropped (counted)
+    max_affinities: int = 4096  # conversation -> model node pairs a user remembers (oldest forgotten first)
 
 
 OVERLAY = OverlayParams()
@@ -362,6 +363,10 @@ class ModelNodeParams:
     # makes prompt_logprobs differ from decode logprobs by ~1e-2; "auto" (bf16) on GPUs.
     cpu_dtype: str = "float32"
     gpu_dtype: str = "auto"
+    # GPU engines only (a CPU engine runs eager, in one process): vLLM's tensor parallelism
+    # (GPUs one engine spans) and the share of each GPU's memory it may take (weights + KV cache)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
     # sampling bounds checked before a request reaches the engine
     max_temperature: float = 2.0
     max_top_k: int = 1000
@@ -372,8 +377,42 @@ class ModelNodeParams:
     engine_start_timeout_s: float = 600.0
     shutdown_grace_s: float = 5.0
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.tensor_parallel_size <= 64:
+            raise ValueError(f"tensor_parallel_size must be from 1 to 64, got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
 
 MODEL_NODE = ModelNodeParams()
+
+# --------------------------------------------------------------------------- user API
+
+
+@dataclass(frozen=True)
+class UserApiParams:
+    """The user node's local API (user_client/openai_api.py) and what `gt-user ask` sends.
+
+    Sampling defaults are what OpenAI clients send when their caller sets nothing (temperature
+    and top_p 1, the API's own max_tokens, streaming as chat front-ends do), so the project's
+    own asks look like the crowd of asks that verification challenges hide in (ARCHITECTURE.md
+    §3.5). Sessions: a conversation's history stays on the user's node and goes with each turn.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256  # chat asks that leave max_tokens unset
+    completion_max_tokens: int = 16  # /v1/completions that leave it unset (OpenAI's and vLLM's default)
+    stream: bool = True  # gt-user ask streams unless told otherwise
+    max_inflight_asks: int = 32  # asks in flight on one node's API; beyond: 429 with Retry-After
+    retry_after_s: int = 5  # what 429 and 503 answers tell clients to wait
+    max_sessions: int = 256  # conversations kept (least recently used dropped first)
+    session_idle_s: float = 6 * 3600.0  # a conversation untouched this long is forgotten
+    max_session_bytes: int = 64 * 1024  # history kept per conversation; older turns dropped first
+    max_session_name_chars: int = 128
+
+
+USER_API = UserApiParams()
 
 # --------------------------------------------------------------------------- simulators
 
@@ -434,3 +473,4 @@ class Defaults:
     epochs: EpochParams = field(default_factory=EpochParams)
     consensus: ConsensusTimeouts = field(default_factory=ConsensusTimeouts)
     model_node: ModelNodeParams = field(default_factory=ModelNodeParams)
+    user_api: UserApiParams = field(default_factory=UserApiParams)

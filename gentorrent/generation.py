@@ -19,11 +19,44 @@ ROLES = frozenset({"system", "user", "assistant"})
 
 
 class BadRequestError(ValueError):
-    """The request is malformed or out of bounds (gRPC INVALID_ARGUMENT)."""
+    """The request is malformed or out of bounds (gRPC INVALID_ARGUMENT).
+
+    `code` names the kind of mistake in OpenAI's error vocabulary; it travels back to the
+    asker in the reply (`reply_error`), so the user's node answers 400 at once instead of
+    trying other model nodes that would refuse the same request the same way."""
+
+    code = "invalid_request"
 
 
 class WrongModelError(BadRequestError):
     """The request names a model this node does not serve (gRPC NOT_FOUND)."""
+
+    code = "model_not_found"
+
+
+class ContextLengthError(BadRequestError):
+    """The prompt (plus what must follow it) does not fit the model's context."""
+
+    code = "context_length_exceeded"
+
+
+#: reply error codes that mean "the request is wrong", not "this node failed"
+CLIENT_ERROR_CODES = frozenset({"invalid_request", "model_not_found", "context_length_exceeded"})
+
+
+def reply_error(exc: BaseException) -> str:
+    """The text of a failed reply (GenerateChunk.error): "code: message", where the code says
+    whether the request or the node is to blame (`client_error_code` reads it back)."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):  # BadRequestError and its kinds; the model node's BusyError ("busy")
+        return f"{code}: {exc}"[:300]
+    return f"engine_error: {type(exc).__name__}: {exc}"[:300]
+
+
+def client_error_code(error: str) -> str | None:
+    """The client-error code of a reply error, or None when the node (not the request) failed."""
+    code, sep, _ = error.partition(": ")
+    return code if sep and code in CLIENT_ERROR_CODES else None
 
 
 @dataclass(frozen=True)
@@ -140,11 +173,11 @@ def parse_score(req: pb.ScoreRequest, served_model: str,
 def make_request(prompt: str | None = None, messages: list[dict] | None = None,
                  model: str = MODEL_NODE.default_model, max_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-                 session: str | None = None, stream: bool = False) -> pb.GenerateRequest:
+                 session: str | None = None, stream: bool = False, top_k: int = 0) -> pb.GenerateRequest:
     """The GenerateRequest an ask carries (the same for users and verifiers' challenges)."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt or messages")
-    sampling = pb.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+    sampling = pb.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, top_k=top_k,
                                  has_seed=seed is not None, seed=seed or 0, stop=stop or [])
     request = pb.GenerateRequest(model=model, sampling=sampling, session_id=session or "", stream=stream)
     if prompt is not None:

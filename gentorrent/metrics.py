@@ -1,55 +1,77 @@
-"""Prometheus metrics of a node, served as text on a loopback HTTP port.
+"""Prometheus metrics: what every role's metrics share (registry, counter sync, HTTP route).
 
-One `NodeMetrics` per node process, with its own registry (several nodes may share a
-process in tests, so nothing goes to prometheus_client's global registry). The metric names
-are fixed here, in one place, so dashboards and alerts do not chase renames across modules.
-Pure cores never touch this: shells count what the cores return (e.g. a relay's drop reason).
+Each role declares its own families in its own package (`user_client.metrics`,
+`model_node.metrics`, `verifier.metrics`) on a `RoleMetrics`, so a node exports only what it
+measures: a model node has no consensus height to report, a verifier no relayed cloves.
+Every family name starts with `gentorrent_` and is written once, in its role's module, so
+dashboards and alerts do not chase renames. Each node has its own registry (several nodes may
+share a process in tests), never prometheus_client's global one. Pure cores never touch
+metrics: shells count what the cores report (a relay's drop reasons, a node's status totals).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Callable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+# no `_created` series: a start time per counter doubles every scrape and no dashboard reads it
+disable_created_metrics()
+
+#: latency buckets (seconds) of every histogram: loopback asks take tens of ms, CPU engines seconds
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 
 
-@dataclass
-class NodeMetrics:
-    role: str
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+class RoleMetrics:
+    """The metric families of one role, in a registry of their own."""
 
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.asks = Counter("gentorrent_asks", "asks by outcome", ["outcome"], registry=r)
-        self.ask_seconds = Histogram("gentorrent_ask_seconds", "end-to-end ask latency", registry=r,
-                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
-        self.cloves_relayed = Counter("gentorrent_cloves_relayed", "cloves relayed", ["direction"], registry=r)
-        self.cloves_dropped = Counter("gentorrent_cloves_dropped", "cloves dropped by reason", ["reason"], registry=r)
-        self.paths = Gauge("gentorrent_paths", "proxy paths held (user) or relayed (relay)", ["kind"], registry=r)
-        self.requests_served = Counter("gentorrent_requests_served", "requests served by this model node",
-                                       ["via"], registry=r)
-        self.forwards = Counter("gentorrent_forwards", "forwarding decisions", ["decision"], registry=r)
-        self.prefix_cache = Gauge("gentorrent_prefix_cache", "engine prefix-cache counters", ["kind"], registry=r)
-        self.load = Gauge("gentorrent_load", "model node load", ["kind"], registry=r)
-        self.consensus_height = Gauge("gentorrent_consensus_height", "last committed height", registry=r)
-        self.consensus_round = Gauge("gentorrent_consensus_round", "current round", registry=r)
-        self.epochs = Counter("gentorrent_epochs", "verification epochs by result", ["result"], registry=r)
-        self.reputation = Gauge("gentorrent_reputation", "reputation of model nodes", ["node"], registry=r)
+    role = "node"
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def families(self) -> set[str]:
+        """Names of the families this role exports (without _total/_bucket suffixes)."""
+        return {m.name for m in self.registry.collect()}
 
-async def serve_metrics(metrics: NodeMetrics, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve GET /metrics; returns the runner (to clean up) and the bound port."""
+
+def exported_families(text: bytes | str) -> set[str]:
+    """The family names a /metrics text exports (what tests check per role)."""
+    raw = text.decode() if isinstance(text, bytes) else text
+    return {f.name for f in text_string_to_metric_families(raw)}
+
+
+class CounterSync:
+    """Turns running totals (from a node's status report) into Counter increments.
+
+    Counters only go up: it remembers the totals it last saw and adds the difference; a total
+    that went down (a restarted component) is taken as a fresh start.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, float] = {}
+
+    def set_total(self, counter, total: float, **labels: str) -> None:
+        key = (id(counter), tuple(sorted(labels.items())))
+        last = self._seen.get(key, 0.0)
+        delta = total - last if total >= last else total
+        if delta > 0:
+            (counter.labels(**labels) if labels else counter).inc(delta)
+        self._seen[key] = total
+
+
+def metrics_route(render: Callable[[], bytes]) -> web.RouteDef:
+    """GET /metrics answering render() (Prometheus text)."""
     async def handle(_request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    return await serve_app(app, host, port)
+    return web.get("/metrics", handle)
 
 
 async def serve_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

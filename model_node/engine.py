@@ -21,10 +21,10 @@ from typing import AsyncIterator, Sequence
 
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 from model_node.catalogue import ResolvedModel
-from gentorrent.generation import BadRequestError, Prompt, Sampling
+from gentorrent.generation import BadRequestError, ContextLengthError, Prompt, Sampling
 
 
-class PromptTooLongError(BadRequestError):
+class PromptTooLongError(ContextLengthError):
     """The prompt (plus what must follow it) does not fit the model's context."""
 
 
@@ -328,16 +328,43 @@ def _build_llm(model: ResolvedModel, params: ModelNodeParams, stats: LoadStats, 
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    dtype = params.cpu_dtype if current_platform.is_cpu() else params.gpu_dtype
-    args = AsyncEngineArgs(
+    args = AsyncEngineArgs(**engine_arguments(model, params, max_model_len, on_cpu=current_platform.is_cpu()))
+    return AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
+
+
+def engine_arguments(model: ResolvedModel, params: ModelNodeParams, max_model_len: int | None,
+                     on_cpu: bool) -> dict:
+    """vLLM's AsyncEngineArgs for this node (ARCHITECTURE.md §4).
+
+    On a CPU the engine runs eager: CUDA graphs do not exist there, and capturing nothing
+    costs start-up time (~18 s instead of ~70 s on 2 cores). On a GPU, CUDA graphs stay on
+    (they cut per-token latency of small batches several-fold), and the GPU-only knobs are
+    passed through: tensor parallelism across `tensor_parallel_size` GPUs and the share of
+    each GPU's memory the engine may take.
+    """
+    args = dict(
         model=str(model.path), served_model_name=model.name, tokenizer=str(model.path),
-        dtype=dtype, enforce_eager=True, enable_prefix_caching=True,
+        dtype=params.cpu_dtype if on_cpu else params.gpu_dtype, enforce_eager=on_cpu, enable_prefix_caching=True,
         max_model_len=_context_length(model, max_model_len or params.max_model_len),
         max_num_seqs=params.max_running_requests, disable_log_stats=True,
         num_gpu_blocks_override=params.kv_cache_blocks or None,  # routing bench: small KV
         seed=0,
     )
-    return AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
+    if not on_cpu:
+        args.update(tensor_parallel_size=params.tensor_parallel_size,
+                    gpu_memory_utilization=params.gpu_memory_utilization)
+    return args
+
+
+def local_gpus_gib() -> list[float]:
+    """Memory (GiB) of each CUDA GPU on this machine; empty on a CPU machine."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch comes with vLLM
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_properties(i).total_memory / 2 ** 30 for i in range(torch.cuda.device_count())]
 
 
 def _context_length(model: ResolvedModel, cap: int) -> int:

@@ -33,6 +33,7 @@ from typing import AsyncIterator, Callable
 from gentorrent.channels import ChannelPool
 from gentorrent.ledger.peers import USER, PeerIndex
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, WIRE, CloveParams, OverlayParams
+from gentorrent import generation
 from gentorrent.crypto.keys import OnionKey
 from gentorrent.ledger.directory import Directory
 from gentorrent.overlay import sealing
@@ -273,7 +274,7 @@ class CloveIntake:
                     break
         except Exception as exc:  # the engine failed: tell the user rather than go silent
             log.warning("serving an overlay query failed: %s", exc)
-            pending.append(pb.GenerateChunk(final=True, error=f"{type(exc).__name__}: {exc}"[:300]))
+            pending.append(pb.GenerateChunk(final=True, error=generation.reply_error(exc)))
         finally:
             done.set()
             arrived.set()

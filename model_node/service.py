@@ -34,6 +34,8 @@ VERSION = "0.1.0"
 class BusyError(RuntimeError):
     """The node is at its admission limit (gRPC RESOURCE_EXHAUSTED "busy")."""
 
+    code = "busy"  # a reply saying so starts "busy: " (sealing.BUSY_ERROR): the user moves on at once
+
 
 def status_code_of(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status a model-node error maps to."""
@@ -131,7 +133,8 @@ class LocalGenerator:
             raise EngineError("the engine ended the request without a final output")
         final.final = True
         final.finish_reason = d.finish_reason
-        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, out, self.clock_ms()))
+        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, out, self.clock_ms(),
+                                                     prompt_tokens=len(prepared.prompt_ids)))
         self.served += 1
         yield final
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from gentorrent import receipts
+from gentorrent import generation, receipts
 from gentorrent.channels import ChannelPool
 from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import sida, tls
@@ -51,9 +51,12 @@ class EchoModelNode(rpc.ModelNodeServicer):
 
     def __init__(self, home: Path, directory_path: Path | Directory, model: str = MODEL_NODE.default_model,
                  chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
-                 chunk_delay_s: float = 0.0) -> None:
+                 chunk_delay_s: float = 0.0, context_bytes: int | None = None) -> None:
         """`directory_path`: a static directory file, or any Directory (a CommitteeDirectory:
-        then the stand-in registers itself with the committee, as `gt-model serve` does)."""
+        then the stand-in registers itself with the committee, as `gt-model serve` does).
+        `context_bytes`: the echo engine's "context"; a longer prompt is refused as the
+        real engine refuses one longer than its context (or, set very low, a node that
+        refuses honest asks by calling them too long)."""
         self.home = Path(home)
         self.directory = directory_path if hasattr(directory_path, "models") else StaticDirectory(directory_path)
         self.model = model
@@ -67,6 +70,8 @@ class EchoModelNode(rpc.ModelNodeServicer):
         self.gate: asyncio.Event | None = None  # when set to an Event, generation waits for it
         self.received = asyncio.Event()  # set when a query was decoded
         self.prompts: list[str] = []
+        self.requests: list[pb.GenerateRequest] = []  # every decoded query, as the node saw it
+        self.context_bytes = context_bytes
         self.address = ""
         self._server = None
 
@@ -97,6 +102,10 @@ class EchoModelNode(rpc.ModelNodeServicer):
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
         text = prompt_text(request)
+        self.requests.append(request)
+        if self.context_bytes is not None and len(text.encode()) > self.context_bytes:
+            raise generation.ContextLengthError(f"prompt is {len(text.encode())} bytes; the echo context holds "
+                                                f"{self.context_bytes}")
         self.prompts.append(text)
         self.received.set()
         if self.gate is not None:
@@ -113,7 +122,8 @@ class EchoModelNode(rpc.ModelNodeServicer):
             if final:
                 chunk.finish_reason = "stop"
                 chunk.receipt.CopyFrom(receipts.make_receipt(
-                    self.keys.identity, self.model, request, list(answer.encode()), int(time.time() * 1000)))
+                    self.keys.identity, self.model, request, list(answer.encode()), int(time.time() * 1000),
+                    prompt_tokens=len(text.encode())))  # the echo engine's "tokens" are bytes
             yield chunk
 
     # gRPC ----------------------------------------------------------------------

@@ -53,8 +53,9 @@ def test_model_node_config_unknown_section_is_a_clear_error(tmp_path):
 
 def test_user_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
     (tmp_path / "config.toml").write_text("[overlay]\nmaintenance_interval_sec = 3.0\n")
-    out = _cli("user_client.cli", "start", "--home", str(tmp_path), "--committee", str(tmp_path / "genesis.json"))
-    assert out.returncode == 64
+    (tmp_path / "directory.json").write_text("{}")
+    out = _cli("user_client.cli", "start", "--home", str(tmp_path), "--directory", str(tmp_path / "directory.json"))
+    assert out.returncode == 2
     assert "overlay.maintenance_interval_sec: unknown key (did you mean 'maintenance_interval_s'?)" in out.stderr
     assert not (tmp_path / "node.json").exists()
 
@@ -121,12 +122,12 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
                     devnet.REFERENCE: "gentorrent_load", "user": "gentorrent_cloves_relayed"}[node.role] in text
 
         # the verifiers' status page shows the live network (rendered by headless Chromium)
-        from test_dashboard import chromium_dump_dom  # tests/ is on sys.path under pytest
+        from testkit.browser import dump_dom
 
-        dom = chromium_dump_dom(state.of_role("verifier")[0].extra["dashboard"])
+        dom = dump_dom(state.of_role("verifier")[0].extra["dashboard"])
         assert dom.count('class="model"') == len(models)
         assert all(m.node_id[:16] in dom for m in models)
-        users_shown = re.search(r'<span id="users">(\d+)</span> user nodes', dom)
+        users_shown = re.search(r'id="users">user nodes<b>(\d+)</b>', dom)
         assert users_shown and int(users_shown.group(1)) >= shape.users
 
         # verification: the dishonest node becomes untrusted, when this build runs epochs

@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError
 
 from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
 from gentorrent.crypto import onion
-from gentorrent import receipts
+from gentorrent import generation, receipts
 from gentorrent.overlay import sealing
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import CloveGroups
@@ -61,11 +61,25 @@ UNREACHABLE = "model node unreachable"
 
 
 class AskError(RuntimeError):
-    """No model node could answer; `attempts` says what happened with each one tried."""
+    """No model node could answer; `attempts` says what happened with each one tried.
 
-    def __init__(self, message: str, attempts: list[dict] | None = None) -> None:
+    `code` says why, for the user's API to answer with the right status: "no_trusted_node",
+    "no_model_node_answered", "overloaded" (every node tried was busy), or a client-error code
+    of the model nodes (generation.CLIENT_ERROR_CODES: the request itself is wrong)."""
+
+    def __init__(self, message: str, attempts: list[dict] | None = None,
+                 code: str = "no_model_node_answered") -> None:
         super().__init__(message)
         self.attempts = attempts or []
+        self.code = code
+
+
+class _Refused(Exception):
+    """A model node refused the request itself (a client error): other nodes would too."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
 
 
 class _NodeFailed(Exception):
@@ -95,9 +109,15 @@ class Answer:
     attempts: list[dict]
     timings_ms: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens as the serving node signed them in its receipt (0 without one)."""
+        return self.receipt.prompt_tokens if self.receipt is not None else 0
+
     def as_dict(self) -> dict:
         return {"text": self.text, "served_by": self.served_by, "model": self.model,
                 "finish_reason": self.finish_reason, "token_ids": self.token_ids,
+                "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.token_ids)},
                 "paths": self.paths, "attempts": self.attempts, "timings_ms": self.timings_ms}
 
 
@@ -323,21 +343,26 @@ class Asker:
     # ------------------------------------------------------------------ asking
 
     async def ask_stream(self, request: pb.GenerateRequest, node_id: str | None = None,
-                         buffered: bool = False) -> AsyncIterator[Delta | Answer]:
+                         buffered: bool = False, affinity: str | None = None) -> AsyncIterator[Delta | Answer]:
         """Deltas of the answer as they arrive, then exactly one Answer; AskError if nobody answered.
 
         Once a delta was passed on, a failing node cannot be replaced (the caller has shown
         its text); `buffered` passes on only the final Answer, so any failure moves on to
-        the next node.
+        the next node. `affinity` keys the session's node on this side only (default: the
+        request's session id), so a conversation keeps its node even on turns that carry no
+        session id. A node that refuses the request itself is checked with one more node, so
+        one dishonest node cannot fail asks by calling them bad; two refusals end the ask.
         """
         self.asked += 1
-        nodes = self.candidates(request.model, request.session_id or None, node_id)
+        session = affinity or request.session_id or None
+        nodes = self.candidates(request.model, session, node_id)
         if not nodes:  # the directory is refreshed every few seconds; a new node may be missing
             await self.directory.refresh()
-            nodes = self.candidates(request.model, request.session_id or None, node_id)
+            nodes = self.candidates(request.model, session, node_id)
         if not nodes:
-            raise AskError(f"no trusted model node serves {request.model!r}")
+            raise AskError(f"no trusted model node serves {request.model!r}", code="no_trusted_node")
         attempts: list[dict] = []
+        refusals: list[_Refused] = []
         for node in nodes:
             started = False
             try:
@@ -347,9 +372,18 @@ class Asker:
                     started = True
                     yield item
                 self.answered += 1
-                if request.session_id:
-                    self.affinity[request.session_id] = node.node_id_hex
+                if session:
+                    self.affinity.pop(session, None)
+                    self.affinity[session] = node.node_id_hex
+                    while len(self.affinity) > self.params.max_affinities:
+                        del self.affinity[next(iter(self.affinity))]
                 return
+            except _Refused as refused:
+                attempts[-1].update(ok=False, reason=refused.code, detail=str(refused))
+                refusals.append(refused)
+                if started or len(refusals) >= 2:
+                    break
+                continue
             except _NodeFailed as failed:
                 self.drops.count(failed.reason)
                 self._note_failure(node.node_id_hex)
@@ -357,9 +391,13 @@ class Asker:
                 if started:
                     raise AskError(f"model node {node.node_id_hex[:16]} failed mid-answer: "
                                    f"{failed.reason.value}: {failed}", attempts) from None
+        if refusals:
+            raise AskError(f"the model node refused the request: {refusals[-1]}", attempts, code=refusals[-1].code)
+        busy = all(a.get("reason") == DropReason.BUSY.value for a in attempts)
         raise AskError(
             f"no model node answered for {request.model!r} after {len(attempts)} attempt(s): "
-            + "; ".join(f"{a['node'][:16]}: {a.get('reason')} ({a.get('detail')})" for a in attempts), attempts)
+            + "; ".join(f"{a['node'][:16]}: {a.get('reason')} ({a.get('detail')})" for a in attempts), attempts,
+            code="overloaded" if busy else "no_model_node_answered")
 
     async def _attempt(self, node: ModelRecord, request: pb.GenerateRequest, attempts: list[dict]
                        ) -> AsyncIterator[Delta | Answer]:
@@ -494,6 +532,9 @@ class Asker:
             timeout = self.params.reply_idle_timeout_s
             if pending.failure is not None:
                 raise pending.failure
+            if chunk.error and generation.client_error_code(chunk.error):
+                raise _Refused(generation.client_error_code(chunk.error),
+                               chunk.error.partition(": ")[2] or chunk.error)
             if chunk.error:
                 reason = DropReason.BUSY if chunk.error.startswith(sealing.BUSY_ERROR) else DropReason.BAD_REPLY
                 raise _NodeFailed(reason, f"model node error: {chunk.error}")

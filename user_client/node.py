@@ -163,22 +163,27 @@ class UserNode:
 
     async def ask_stream(self, prompt: str | None = None, messages: list[dict] | None = None,
                          model: str = MODEL_NODE.default_model, session: str | None = None,
-                         node_id: str | None = None, **sampling) -> AsyncIterator[Delta | Answer]:
-        """Deltas as the answer streams in, then one Answer. Raises AskError if nobody answered."""
+                         node_id: str | None = None, affinity: str | None = None,
+                         **sampling) -> AsyncIterator[Delta | Answer]:
+        """Deltas as the answer streams in, then one Answer. Raises AskError if nobody answered.
+
+        `session` is the session id the request carries to the model node; `affinity` keys
+        the node a conversation sticks to on this node only (it never leaves it)."""
         request = make_request(prompt, messages, model, session=session, stream=True, **sampling)
-        async for item in self.asker.ask_stream(request, node_id=node_id):
+        async for item in self.asker.ask_stream(request, node_id=node_id, affinity=affinity):
             yield item
 
     async def ask(self, prompt: str | None = None, messages: list[dict] | None = None,
                   model: str = MODEL_NODE.default_model, session: str | None = None,
-                  node_id: str | None = None, **sampling) -> Answer:
+                  node_id: str | None = None, affinity: str | None = None, **sampling) -> Answer:
         request = make_request(prompt, messages, model, session=session, stream=False, **sampling)
-        return await self.ask_request(request, node_id=node_id)
+        return await self.ask_request(request, node_id=node_id, affinity=affinity)
 
-    async def ask_request(self, request: pb.GenerateRequest, node_id: str | None = None) -> Answer:
+    async def ask_request(self, request: pb.GenerateRequest, node_id: str | None = None,
+                          affinity: str | None = None) -> Answer:
         """Ask with a ready GenerateRequest (what verifiers' challenges use)."""
         answer = None
-        async for item in self.asker.ask_stream(request, node_id=node_id, buffered=True):
+        async for item in self.asker.ask_stream(request, node_id=node_id, buffered=True, affinity=affinity):
             if isinstance(item, Answer):
                 answer = item
         if answer is None:  # pragma: no cover - ask_stream always ends with an Answer or raises

@@ -27,6 +27,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
+
+from gentorrent.cli import Parser, UsageError, committee_size_note, float_in, host_port, int_in, port, ports_fit, run
 from gentorrent.config import EPOCH_RUN
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.crypto.tls import TlsError, TlsIdentity, connect
@@ -41,15 +44,18 @@ log = logging.getLogger("gt-verifier")
 def cmd_init(args: argparse.Namespace) -> int:
     if args.join:
         return _init_join(args)
-    if not args.out or args.validators < 1:
-        print("error: init needs --validators N --out DIR (or --home DIR --join GENESIS)", file=sys.stderr)
-        return 2
+    if not args.out:
+        raise UsageError("init needs --out DIR for the members' homes (or --home DIR --join GENESIS to follow "
+                         "a committee)")
+    ports_fit(args.base_port, args.validators)
     out = Path(args.out)
     homes = [out / f"v{i}" for i in range(args.validators)]
     for home in homes:
         if (home / "config.json").exists():
-            print(f"error: {home} already holds a verifier; refusing to overwrite it", file=sys.stderr)
-            return 1
+            raise UsageError(f"{home} already holds a verifier; refusing to overwrite it (choose another --out)")
+    note = committee_size_note(args.validators)
+    if note:
+        print(f"gt-verifier: warning: {note}", file=sys.stderr)
     validators = []
     for i, home in enumerate(homes):
         keys = NodeKeys.load_or_create(home)
@@ -72,13 +78,15 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def _init_join(args: argparse.Namespace) -> int:
     if not args.home or not args.listen:
-        print("error: --join needs --home DIR and --listen HOST:PORT", file=sys.stderr)
-        return 2
+        raise UsageError("--join needs --home DIR and --listen HOST:PORT")
     home = Path(args.home)
     if (home / "config.json").exists():
-        print(f"error: {home} already holds a verifier", file=sys.stderr)
-        return 1
-    genesis = Genesis.load(Path(args.join))
+        raise UsageError(f"{home} already holds a verifier; refusing to overwrite it (choose another --home)")
+    try:
+        genesis = Genesis.load(Path(args.join))
+    except GenesisError as exc:
+        raise UsageError(f"--join {args.join}: not a usable genesis file ({exc}); give the committee's "
+                         "genesis.json") from None
     keys = NodeKeys.load_or_create(home)
     TlsIdentity.load_or_create(home, keys.identity)
     NodeConfig(moniker=f"observer-{keys.identity.node_id_hex[:8]}", listen=args.listen,
@@ -93,11 +101,24 @@ def cmd_start(args: argparse.Namespace) -> int:
     from gentorrent.ledger.committee import RegistrationError
 
     home = Path(args.home)
+    _check_home(home)
+    epochs = _epoch_args(args)
     try:
-        return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard, _epoch_args(args)))
-    except (GenesisError, ValueError, OSError, RegistrationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard, epochs))
+    except RegistrationError as exc:
+        raise UsageError(f"the probing user node could not join the network: {exc}", code=1) from None
+    except (GenesisError, ValueError, OSError) as exc:
+        raise UsageError(f"{type(exc).__name__}: {exc}", code=1) from None
+
+
+def _check_home(home: Path) -> None:
+    """A verifier's home (config.json, genesis.json) before anything starts."""
+    try:
+        NodeConfig.load(home)
+        Genesis.load(home)
+    except (GenesisError, OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--home {home} is not a verifier's home ({exc}); make one with `gt-verifier init`") \
+            from None
 
 
 def _epoch_args(args: argparse.Namespace) -> dict | None:
@@ -105,12 +126,15 @@ def _epoch_args(args: argparse.Namespace) -> dict | None:
     if not getattr(args, "epochs", False):
         return None
     if not args.reference_model or not args.reference_cert:
-        raise ValueError("--epochs needs --reference-model HOST:PORT and --reference-cert FILE")
+        raise UsageError("--epochs needs --reference-model HOST:PORT and --reference-cert FILE")
     if not Path(args.reference_cert).is_file():
-        raise ValueError(f"--reference-cert {args.reference_cert}: no such file")
-    from gentorrent.ledger.txs import check_listen
+        raise UsageError(f"--reference-cert {args.reference_cert}: no such file")
+    from gentorrent.ledger.txs import TxError, check_listen
 
-    check_listen(args.probe_listen, args.probe_advertise)  # its probing user node registers its address
+    try:
+        check_listen(args.probe_listen, args.probe_advertise)  # its probing user node registers its address
+    except TxError as exc:
+        raise UsageError(f"--probe-listen: {exc}") from None
     return {"address": args.reference_model, "cert": Path(args.reference_cert),
             "probe_listen": args.probe_listen, "probe_advertise": args.probe_advertise,
             "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s)}  # checks the range
@@ -165,11 +189,13 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    _check_home(Path(args.home))
     try:
         reply = asyncio.run(_status(Path(args.home), args.address, args.timeout))
-    except (GenesisError, TlsError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (GenesisError, TlsError, OSError, grpc.aio.AioRpcError) as exc:
+        detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc
+        raise UsageError(f"the verifier does not answer: {detail} (is `gt-verifier start --home {args.home}` "
+                         "running?)", code=1) from None
     detail = json.loads(reply.json) if reply.json else {}
     print(json.dumps({"height": reply.height, "app_hash": reply.app_hash.hex(), "peers": list(reply.peers),
                       "last_commit_time_ms": reply.last_commit_time_ms, "node_id": reply.node_id,
@@ -187,50 +213,57 @@ async def _status(home: Path, address: str | None, timeout: float) -> pb.Verifie
         await channel.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gt-verifier", description=__doc__.split("\n")[0])
-    p.add_argument("--log-level", default="INFO")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="gt-verifier", description=__doc__.split("\n")[0])
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="how much the node logs to stderr")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     i = sub.add_parser("init", help="create homes for a committee, or join one")
-    i.add_argument("--validators", type=int, default=4)
+    i.add_argument("--validators", type=int_in(1, 100), default=4,
+                   help="members of the committee (N = 3f + 1 tolerates f faulty ones; 4 tolerates 1)")
     i.add_argument("--out", help="directory for the N homes (v0 .. vN-1)")
-    i.add_argument("--chain-id", default="gentorrent-committee")
-    i.add_argument("--host", default="127.0.0.1")
-    i.add_argument("--base-port", type=int, default=26650)
-    i.add_argument("--timeouts", choices=("default", "fast"), default="default")
-    i.add_argument("--lease-s", type=float, default=None, metavar="S",
+    i.add_argument("--chain-id", default="gentorrent-committee", help="the committee's chain id")
+    i.add_argument("--host", default="127.0.0.1", help="host every member listens on (edit config.json per machine)")
+    i.add_argument("--base-port", type=port, default=26650, help="member i listens on base-port + i")
+    i.add_argument("--timeouts", choices=("default", "fast"), default="default",
+                   help="consensus timeouts: default, or fast (tests on loopback)")
+    i.add_argument("--lease-s", type=float_in(1, 10**7), default=None, metavar="S",
                    help="how long a node's registration lasts without renewal (genesis app_state; "
                         "default: config REGISTRY.lease_s)")
     i.add_argument("--join", metavar="GENESIS", help="join the committee of this genesis as an observer")
-    i.add_argument("--home")
-    i.add_argument("--listen")
+    i.add_argument("--home", help="with --join: the observer's home")
+    i.add_argument("--listen", type=host_port, help="with --join: the observer's HOST:PORT")
     i.set_defaults(func=cmd_init)
     s = sub.add_parser("start", help="run a verifier")
-    s.add_argument("--home", required=True)
-    s.add_argument("--listen", help="override config.json's listen address")
-    s.add_argument("--dashboard", metavar="HOST:PORT",
+    s.add_argument("--home", required=True, help="the member's home (made by `gt-verifier init`)")
+    s.add_argument("--listen", type=host_port, help="override config.json's listen address")
+    s.add_argument("--dashboard", metavar="HOST:PORT", type=host_port,
                    help="serve the read-only status page (/, /api/status) and /metrics there")
     s.add_argument("--abci-socket", metavar="ADDR", help="serve the app to CometBFT instead (tcp://h:p)")
     s.add_argument("--epochs", action="store_true", help="run verification epochs (needs --reference-model)")
-    s.add_argument("--reference-model", metavar="HOST:PORT",
+    s.add_argument("--reference-model", metavar="HOST:PORT", type=host_port,
                    help="a `gt-model serve` with the honest weights: writes questions, scores replies")
     s.add_argument("--reference-cert", metavar="FILE", help="its TLS certificate (pinned)")
-    s.add_argument("--probe-listen", metavar="HOST:PORT", default="127.0.0.1:0",
+    s.add_argument("--probe-listen", metavar="HOST:PORT", default="127.0.0.1:0", type=host_port,
                    help="relay address of this member's own (probing) user node; it registers with the committee "
                         "like any user node (default %(default)s: a single-machine network)")
-    s.add_argument("--probe-advertise", metavar="HOST:PORT",
+    s.add_argument("--probe-advertise", metavar="HOST:PORT", type=host_port,
                    help="the address to register for the probing user node (needed with a wildcard --probe-listen)")
-    s.add_argument("--challenge-spread-s", type=float, default=EPOCH_RUN.challenge_spread_s, metavar="S",
-                   help="each challenge leaves after a random delay in [0, S] (default %(default)s)")
+    s.add_argument("--challenge-spread-s", type=float_in(0, 86400), default=EPOCH_RUN.challenge_spread_s,
+                   metavar="S", help="each challenge leaves after a random delay in [0, S] (default %(default)s)")
     s.set_defaults(func=cmd_start)
     st = sub.add_parser("status", help="ask a running verifier for its status")
-    st.add_argument("--home", required=True)
-    st.add_argument("--address", help="default: the home's listen address")
-    st.add_argument("--timeout", type=float, default=5.0)
+    st.add_argument("--home", required=True, help="the member's home")
+    st.add_argument("--address", type=host_port, help="default: the home's listen address")
+    st.add_argument("--timeout", type=float_in(0.1, 600), default=5.0, help="seconds to wait for the answer")
     st.set_defaults(func=cmd_status)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return args.func(args)
+    return run(lambda: args.func(args), "gt-verifier")
 
 
 if __name__ == "__main__":

@@ -384,7 +384,7 @@ def _api_ask(api: str, prompt: str, timeout_s: float) -> bool:
 
     from testkit.echo_model import ECHO_PREFIX
 
-    body = json.dumps({"prompt": prompt, "max_tokens": 32}).encode()
+    body = json.dumps({"prompt": prompt, "max_tokens": 32, "raw": True}).encode()  # the echo answers the raw prompt
     request = urllib.request.Request(api + "/gt/ask", body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
