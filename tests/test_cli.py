@@ -199,7 +199,7 @@ def test_gt_devnet_root_after_the_command_and_a_stopped_devnet(tmp_path, capsys)
     root.mkdir()
     user = devnet.NodeInfo("u00", "user", str(root / "u00"), "127.0.0.1:1", "aa" * 32,
                            {"api": f"http://127.0.0.1:{dead}"})
-    devnet.DevnetState(str(root), "c", str(root / "directory.json"), str(root / "genesis.json"), [user]).save()
+    devnet.DevnetState(str(root), "c", str(root / "genesis.json"), [user]).save()
     _one_line_error(_cli("devnet.network", "ask", "hi", "--root", str(root)), "nothing answers", "is the devnet up",
                     code=1)
     _one_line_error(_cli("devnet.network", "up", "--users", "2", "--root", str(root)), "--users")
@@ -261,7 +261,7 @@ def test_stages_say_which_stage_how_long_and_how_long_it_usually_takes():
 def test_gt_devnet_up_prints_the_dashboards_and_the_openai_api_url(tmp_path, monkeypatch, capsys):
     user = devnet.NodeInfo("u00", "user", str(tmp_path / "u00"), extra={"api": "http://127.0.0.1:5555"})
     verifier = devnet.NodeInfo("v0", "verifier", str(tmp_path / "v0"), extra={"dashboard": "http://127.0.0.1:6666/"})
-    monkeypatch.setattr(devnet, "up", lambda *a, **k: devnet.DevnetState(str(tmp_path), "c", "", "", [verifier, user]))
+    monkeypatch.setattr(devnet, "up", lambda *a, **k: devnet.DevnetState(str(tmp_path), "c", "", [verifier, user]))
     assert devnet.main(["up", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "dashboard of v0: http://127.0.0.1:6666/" in out and "http://127.0.0.1:5555/v1" in out

@@ -194,7 +194,7 @@ def test_listening_on_a_wildcard_needs_advertise(committee, tmp_path):
     out = subprocess.run([sys.executable, "-m", "user_client.cli", "start", "--home", str(tmp_path / "u"),
                           "--committee", str(committee), "--listen", "0.0.0.0:0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 64 and "needs --advertise HOST:PORT" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "needs --advertise HOST:PORT" in out.stderr and "Traceback" not in out.stderr
     out = subprocess.run([sys.executable, "-m", "model_node.cli", "serve", "--home", str(tmp_path / "m"),
                           "--committee", str(committee), "--listen", "0.0.0.0:0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
