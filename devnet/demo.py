@@ -34,11 +34,29 @@ from gentorrent.config import DEVNET, MODEL_NODE
 
 QUESTIONS = ("In one sentence: why is the sky blue?", "Name three primary colours.")
 #: a shared prefix long enough for the group's tree to match it (> 2 chunks of 32 tokens)
+#: a system prompt long enough for the group's tree to follow: match_depth_threshold chunks of
+#: default_chunk_length tokens (2 x 128) and more, as an operator's real system prompts are
 SHARED_PREFIX = ("You are the assistant of a small public library. The library opens at nine in the morning and "
                  "closes at six in the evening from Monday to Friday, and at noon on Saturdays. Members may borrow "
                  "up to eight books for three weeks and renew them twice online. Printing costs ten cents a page. "
                  "The reading room is quiet; group study rooms on the second floor can be booked for two hours. "
-                 "Answer the visitor's question in one short sentence.\n\nQuestion: ")
+                 "Children under twelve need a parent's signature to join, and their cards let them borrow from "
+                 "the children's section and the young adult shelves only. Adults may join with any document that "
+                 "shows their name and an address in the county; visitors from elsewhere pay five dollars a year. "
+                 "Lost cards are replaced for one dollar at the front desk, which also takes payment for late "
+                 "returns: ten cents a day for books, one dollar a day for films and games, and never more than the "
+                 "price of the item. Books may be returned to the drop box by the car park at any hour; the box is "
+                 "emptied every morning at half past eight, and items found there count as returned the day "
+                 "before. The library lends laptops for use inside the building for up to three hours, against a "
+                 "member's card, and the wireless network needs no password. Three computers on the ground floor "
+                 "are kept for job searches and forms from the county office; a librarian can help with them on "
+                 "Tuesday and Thursday afternoons. The café in the lobby is run by volunteers and closes an hour "
+                 "before the library does. Dogs are welcome in the garden but not inside, except assistance dogs. "
+                 "The local history room on the third floor holds maps, newspapers since 1870 and parish records; "
+                 "its items never leave the room, and photographs of them are free for private use. Story time for "
+                 "toddlers is on Wednesday at ten, the chess club meets on Friday at five, and the book club on the "
+                 "first Monday of each month at seven, in the large meeting room, which groups can also book for "
+                 "free when it is not in use. Answer the visitor's question in one short sentence.\n\nQuestion: ")
 FORWARD_QUESTIONS = ("When does the library open?", "How many books may I borrow?", "How long is a loan?")
 #: gossip rounds (ROUTING.gossip_interval_s each) to wait before the second ask of the prefix
 FORWARD_GOSSIP_ROUNDS = 2

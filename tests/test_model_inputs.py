@@ -205,7 +205,7 @@ def test_serve_without_weights_fails_at_once_saying_where_to_put_them(tmp_path):
 
 def test_cli_rejects_bad_arguments(tmp_path):
     r = _cli("serve", "--capacity", "11", env_home=tmp_path)
-    assert r.returncode == 2 and "capacity is a score from 1 to 10" in r.stderr
+    assert r.returncode == 2 and "--capacity: 11 is not from 1 to 10" in r.stderr
     r = _cli("serve", "--model", "gpt-17", "--home", str(tmp_path / "h"), env_home=tmp_path)
     assert r.returncode == 2 and "unknown model 'gpt-17'" in r.stderr
     r = _cli("status", "--home", str(tmp_path / "none"), env_home=tmp_path)

@@ -254,14 +254,15 @@ class Asker:
             message = self.groups.add((pending.rid, seq), clove, now)
         except Drop as drop:
             if drop.reason is DropReason.UNDECODABLE:  # authentic cloves that do not combine
-                pending.fail_now(_NodeFailed(DropReason.BAD_REPLY, f"{UNDECODABLE_REPLY}: reply cloves do not combine"))
+                pending.fail_now(_NodeFailed(DropReason.BAD_REPLY,
+                                             f"model node error: {UNDECODABLE_REPLY}: reply cloves do not combine"))
             raise
         if message is None:
             return
         try:
             reply = pending.opener.message(seq, message)
         except sealing.SealError as exc:
-            pending.fail_now(_NodeFailed(DropReason.BAD_REPLY, f"{UNDECODABLE_REPLY}: {exc}"))
+            pending.fail_now(_NodeFailed(DropReason.BAD_REPLY, f"model node error: {UNDECODABLE_REPLY}: {exc}"))
             raise Drop(DropReason.BAD_REPLY) from exc
         pending.delivered.update(reply.delivered)
         pending.deliver(seq, reply.chunk)
@@ -553,10 +554,15 @@ class Asker:
     def _judge_paths(self, pending: _Pending) -> None:
         """Once the node replied: a path whose clove it never listed as delivered (a relay that
         drops), or whose reply clove never came back, is failed and replaced. A clove its proxy
-        reported undeliverable is the node's failure, not the path's."""
+        reported undeliverable is the node's failure, not the path's. A reply that did not open
+        (garbage from the node) lists nothing readable: then only the reply cloves that came
+        back say which paths work."""
         if not pending.cloves_from:
             return
+        unreadable = pending.failure is not None and pending.failure.reason is DropReason.BAD_REPLY
         for token, path in pending.tokens.items():
+            if unreadable:
+                break
             if token in pending.delivered:
                 self._suspect_paths.discard(path.path_id)  # it reached a node: not the paths' fault
             elif token not in pending.undeliverable:

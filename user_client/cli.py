@@ -81,7 +81,7 @@ def _directory(args):
         return CommitteeDirectory.from_args(args.committee, Path(args.home))
     from gentorrent.ledger.directory import StaticDirectory
 
-    return StaticDirectory(Path(args.directory) if args.directory else Path(args.home) / "directory.json")
+    return StaticDirectory(Path(args.directory))
 
 
 def _load_config(home: Path) -> dict:

@@ -325,8 +325,13 @@ async def _ask_batch(me, count: int, tag: str, since: float) -> dict:
 async def _repair(me, faulty: set[str], n: int, sends_before: dict[int, int]) -> dict:
     """Let the path manager refill. Repaired: n usable paths, and none of them both through a
     faulty relay and used since the fault (a path nobody sent on cannot have been noticed:
-    the pool may hold more paths than one ask uses, so that one is reported, not failed)."""
+    the pool may hold more paths than one ask uses, so that one is reported, not failed).
+    The asker judges an ask's paths once its last reply cloves and delivery report had their
+    time (up to forward_timeout_s after the answer): that is waited for first."""
     t0 = time.monotonic()
+    deadline = t0 + me.params.forward_timeout_s + 1.0
+    while me.asker.status()["pending"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
     await me.paths.fill()
     pool = me.paths.pool.usable(time.monotonic())
     through = [p for p in pool if set(p.relays) & faulty]
