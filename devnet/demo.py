@@ -179,12 +179,26 @@ def ask_after_verdict(state: devnet.DevnetState, root: Path, question: str) -> d
 # --------------------------------------------------------------------------- forwarding
 
 
+def _wait_for_subtree(receiver, holder) -> None:
+    """Until the receiver's Hash-Radix tree holds the holder's subtree (both registered
+    themselves moments ago: each must see the other in the committee's directory, then gossip),
+    at most FORWARD_GOSSIP_ROUNDS gossip intervals after the first round that could carry it."""
+    from gentorrent.config import ROUTING
+
+    deadline = time.monotonic() + (FORWARD_GOSSIP_ROUNDS + 1) * ROUTING.gossip_interval_s \
+        + ROUTING.directory_refresh_s
+    while time.monotonic() < deadline:
+        routing = devnet.model_status(receiver).get("routing", {})
+        if holder.node_id in routing.get("members", []) and routing.get("tree", {}).get("origins", 0) >= 2:
+            time.sleep(ROUTING.gossip_interval_s)  # and one round more for its newest delta
+            return
+        time.sleep(0.5)
+
+
 def show_forwarding(state: devnet.DevnetState, root: Path, pair: tuple | None = None) -> dict | None:
     """One request the model group forwarded: the answer, who received it, who served it, and
     the matched depth the receiver's Hash-Radix tree found (from its own status). `pair`:
     (holder, receiver) model nodes; default the two first honest ones."""
-    from gentorrent.config import ROUTING
-
     honest = [m for m in state.of_role("model") if not m.extra.get("dishonest")]
     if pair is None and len(honest) < 2:
         say("  (needs two honest model nodes: skipped)")
@@ -194,7 +208,7 @@ def show_forwarding(state: devnet.DevnetState, root: Path, pair: tuple | None = 
     say(f"  asked {first['sent_to_name']} a question after a {len(SHARED_PREFIX.split())}-word shared prefix: "
         f"served by {first['served_by_name']} (its engine now caches the prefix, its tree says so)")
     for question in FORWARD_QUESTIONS[1:]:
-        time.sleep(FORWARD_GOSSIP_ROUNDS * ROUTING.gossip_interval_s)  # the tree travels by gossip
+        _wait_for_subtree(receiver, holder)  # the holder's subtree travels by gossip
         before = len(devnet.model_status(receiver).get("routing", {}).get("recent_forwards", []))
         answer = devnet.ask_node(SHARED_PREFIX + question, receiver, root, max_tokens=12)
         forwards = devnet.model_status(receiver).get("routing", {}).get("recent_forwards", [])

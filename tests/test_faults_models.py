@@ -98,3 +98,23 @@ def test_an_unreachable_node_is_blamed_once_then_the_paths_are():
     assert asker._blame_node([_Path(4), _Path(5)])  # node B over other paths: the same
     assert not asker._blame_node([_Path(2), _Path(6)])  # path 2 fails again, for another node: the paths
     assert asker._blame_node([_Path(2)])  # suspicion was spent on that judgement
+
+
+def test_a_forwarded_reply_is_accepted_only_from_a_trusted_member_of_the_same_model():
+    """The node asked may forward to a group peer, which signs and names itself: the asker takes
+    that peer's registered key, and nobody else's (an unknown, untrusted or other-model signer)."""
+    from types import SimpleNamespace
+
+    from gentorrent.wire import gentorrent_pb2 as pb
+
+    def record(i: int, model: str = "m", trusted: bool = True) -> ModelRecord:
+        return ModelRecord(bytes([i]) * 32, bytes([i]) * 32, f"127.0.0.1:{9000 + i}", model, b"\0" * 32,
+                           b"cert", trusted=trusted)
+
+    asked, peer, untrusted, other = record(1), record(2), record(3, trusted=False), record(4, model="x")
+    me = SimpleNamespace(directory=SimpleNamespace(models=lambda: [asked, peer, untrusted, other]))
+    server_of = Asker._server_of
+    assert server_of(me, pb.ReplyReceipt(node_id=asked.node_id), asked) is asked
+    assert server_of(me, pb.ReplyReceipt(node_id=peer.node_id), asked) is peer
+    for signer in (untrusted, other, record(5)):
+        assert server_of(me, pb.ReplyReceipt(node_id=signer.node_id), asked) is None

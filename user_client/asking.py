@@ -121,10 +121,11 @@ class Answer:
                 "paths": self.paths, "attempts": self.attempts, "timings_ms": self.timings_ms}
 
 
-def receipt_is_valid(receipt: pb.ReplyReceipt, node: ModelRecord, request: pb.GenerateRequest,
+def receipt_is_valid(receipt: pb.ReplyReceipt, node: ModelRecord | None, request: pb.GenerateRequest,
                      token_ids: list[int]) -> bool:
-    """The reply is signed by the node the directory names, and covers what we asked and got."""
-    if receipt.node_id != node.node_id:
+    """The reply is signed by `node` (the directory's record of the node the receipt names),
+    and covers what we asked and got."""
+    if node is None or receipt.node_id != node.node_id:
         return False
     try:
         receipts.verify_receipt(receipt, node.public_key, request, token_ids)
@@ -545,11 +546,21 @@ class Asker:
                 yield Delta(chunk.text, list(chunk.token_ids))
             if chunk.final:
                 break
-        if not chunk.HasField("receipt") or not receipt_is_valid(chunk.receipt, node, req, token_ids):
+        server = self._server_of(chunk.receipt, node) if chunk.HasField("receipt") else None
+        if not chunk.HasField("receipt") or not receipt_is_valid(chunk.receipt, server, req, token_ids):
             raise _NodeFailed(DropReason.BAD_SIGNATURE, "reply receipt missing or not signed by the node")
         timings["total_ms"] = (self.clock() - t0) * 1000
-        yield Answer("".join(text), token_ids, node.node_id_hex, req.model, chunk.finish_reason,
+        yield Answer("".join(text), token_ids, server.node_id_hex, req.model, chunk.finish_reason,
                      chunk.receipt, req, [list(p.relays) for p in paths], attempts, timings)
+
+    def _server_of(self, receipt: pb.ReplyReceipt, node: ModelRecord) -> ModelRecord | None:
+        """Who signed the reply: the node asked, or the group member it forwarded the request to
+        (model_node/forwarding.py: the serving node signs and names itself), which must be a
+        trusted node of the same model in our directory; None for anyone else."""
+        if receipt.node_id == node.node_id:
+            return node
+        return next((m for m in self.directory.models() if m.node_id == receipt.node_id
+                     and m.model == node.model and m.trusted), None)
 
     def _judge_paths(self, pending: _Pending) -> None:
         """Once the node replied: a path whose clove it never listed as delivered (a relay that
