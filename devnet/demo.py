@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -189,7 +190,8 @@ def _wait_for_subtree(receiver, holder) -> None:
         + ROUTING.directory_refresh_s
     while time.monotonic() < deadline:
         routing = devnet.model_status(receiver).get("routing", {})
-        if holder.node_id in routing.get("members", []) and routing.get("tree", {}).get("origins", 0) >= 2:
+        members = routing.get("members", [])
+        if holder.node_id in members and routing.get("tree", {}).get("origins", 0) >= len(members):
             time.sleep(ROUTING.gossip_interval_s)  # and one round more for its newest delta
             return
         time.sleep(0.5)
@@ -203,14 +205,21 @@ def show_forwarding(state: devnet.DevnetState, root: Path, pair: tuple | None = 
     if pair is None and len(honest) < 2:
         say("  (needs two honest model nodes: skipped)")
         return None
-    holder, receiver = pair or (honest[0], honest[1])
-    first = devnet.ask_node(SHARED_PREFIX + FORWARD_QUESTIONS[0], holder, root, max_tokens=12)
-    say(f"  asked {first['sent_to_name']} a question after a {len(SHARED_PREFIX.split())}-word shared prefix: "
+    pair = pair or (honest[0], honest[1])
+    # a new prefix is served at its rendezvous home (policy.py), which may be any member of the
+    # group: take a prefix (a branch name in front) whose home is one of the pair
+    for branch in range(1, 5):
+        prefix = f"[Branch {branch}] {SHARED_PREFIX}"
+        first = devnet.ask_node(prefix + FORWARD_QUESTIONS[0], pair[0], root, max_tokens=12)
+        if first["served_by"] in {n.node_id for n in pair}:
+            break
+    holder, receiver = pair if first["served_by"] == pair[0].node_id else (pair[1], pair[0])
+    say(f"  asked {first['sent_to_name']} a question after a {len(prefix.split())}-word shared prefix: "
         f"served by {first['served_by_name']} (its engine now caches the prefix, its tree says so)")
     for question in FORWARD_QUESTIONS[1:]:
         _wait_for_subtree(receiver, holder)  # the holder's subtree travels by gossip
         before = len(devnet.model_status(receiver).get("routing", {}).get("recent_forwards", []))
-        answer = devnet.ask_node(SHARED_PREFIX + question, receiver, root, max_tokens=12)
+        answer = devnet.ask_node(prefix + question, receiver, root, max_tokens=12)
         forwards = devnet.model_status(receiver).get("routing", {}).get("recent_forwards", [])
         if answer["served_by"] != answer["sent_to"] and len(forwards) > before:
             hop = forwards[-1]
@@ -222,7 +231,9 @@ def show_forwarding(state: devnet.DevnetState, root: Path, pair: tuple | None = 
             return {**answer, "forward": hop}
         say(f"  {answer['sent_to_name']} served it itself this time (its view of the group's load said so); "
             f"trying once more")
-    say("  no request was forwarded (the receiver kept every one: see its `gt-model status` routing section)")
+    routing = devnet.model_status(receiver).get("routing", {})
+    say("  no request was forwarded (the receiver kept every one); its routing: "
+        + json.dumps({k: routing.get(k) for k in ("members", "tree", "decisions", "fallbacks", "recent_forwards", "gossip")}))
     return None
 
 
