@@ -89,10 +89,12 @@ class Router:
                 try:
                     async for chunk in self._call_peer(peer, request, hops + 1):
                         started = True
+                        if chunk.final and not chunk.error:  # noted before it leaves: a consumer
+                            # stops at the final chunk, and this generator is then closed here
+                            self.recent_forwards.append({"to": decision.node_id, "reason": decision.reason.value,
+                                                         "depth": decision.depth, "prompt_tokens": len(tokens),
+                                                         "at_ms": int(time.time() * 1000)})
                         yield chunk
-                    self.recent_forwards.append({"to": decision.node_id, "reason": decision.reason.value,
-                                                 "depth": decision.depth, "prompt_tokens": len(tokens),
-                                                 "at_ms": int(time.time() * 1000)})
                     return
                 except (grpc.aio.AioRpcError, tls.TlsError, OSError, asyncio.TimeoutError) as exc:
                     if started:
