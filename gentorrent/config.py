@@ -256,6 +256,40 @@ class ScoringParams:
 
 SCORING = ScoringParams()
 
+
+#: an ask's audit commitment is a SHA-256 (gentorrent/audits.py); the secret behind it as long
+AUDIT_COMMITMENT_BYTES = 32
+
+
+@dataclass(frozen=True)
+class AuditParams:
+    """Audits of real replies (gentorrent/audits.py, verifier/epochs/audits.py).
+
+    `rate` is the committee's: an ask is audited iff H(secret, prompt hash) falls below
+    rate * 2^256, and the desk checks it with this rate, whatever a user would like. Caps bound
+    what anonymous submitters can make the committee score per epoch: each audit costs one
+    reference pass, and each needs a distinct receipt signed by a registered node, so a flood
+    also costs the flooder one real generation per submission.
+    """
+
+    rate: float = 0.02  # share of a user's asks that are audited (when the user has audits on)
+    max_per_node_epoch: int = 16  # audits scored per model node per epoch
+    max_per_epoch: int = 256  # audits scored per epoch, all nodes together
+    max_per_channel_epoch: int = 32  # per arriving overlay link (a proxy) per epoch
+    max_reply_tokens: int = 1024  # output tokens of one audited reply
+    max_submission_bytes: int = 1024 * 1024  # encoded AuditSubmission (a prompt may be 512 KiB)
+    max_clock_skew_ms: int = 120_000  # a receipt stamped this far past the desk's clock is refused
+    user_enabled: bool = True  # a user node hands its audited asks in (gt-user start --no-audits)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"audit rate must be in [0, 1], got {self.rate}")
+        if min(self.max_per_node_epoch, self.max_per_epoch, self.max_per_channel_epoch) < 0:
+            raise ValueError("audit caps must be >= 0")
+
+
+AUDITS = AuditParams()
+
 # --------------------------------------------------------------------------- consensus
 
 

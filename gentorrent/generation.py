@@ -10,9 +10,10 @@ would raise deep inside its own stack, or worse, accept a temperature of 1e9). P
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
-from gentorrent.config import MODEL_NODE, WIRE, ModelNodeParams, WireLimits
+from gentorrent.config import AUDIT_COMMITMENT_BYTES, MODEL_NODE, WIRE, ModelNodeParams, WireLimits
 from gentorrent.wire import gentorrent_pb2 as pb
 
 ROLES = frozenset({"system", "user", "assistant"})
@@ -144,6 +145,8 @@ def parse_generate(req: pb.GenerateRequest, served_model: str,
     check_model(req.model, served_model)
     if len(req.request_id) > 128 or len(req.session_id) > 128:
         raise BadRequestError("request_id and session_id are at most 128 characters")
+    if len(req.audit_commitment) not in (0, AUDIT_COMMITMENT_BYTES):
+        raise BadRequestError(f"audit_commitment is empty or {AUDIT_COMMITMENT_BYTES} bytes")
     return GenerateJob(parse_prompt(req.prompt, req.messages, params), parse_sampling(req.sampling, params))
 
 
@@ -173,13 +176,19 @@ def parse_score(req: pb.ScoreRequest, served_model: str,
 def make_request(prompt: str | None = None, messages: list[dict] | None = None,
                  model: str = MODEL_NODE.default_model, max_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-                 session: str | None = None, stream: bool = False, top_k: int = 0) -> pb.GenerateRequest:
-    """The GenerateRequest an ask carries (the same for users and verifiers' challenges)."""
+                 session: str | None = None, stream: bool = False, top_k: int = 0,
+                 audit_commitment: bytes | None = None) -> pb.GenerateRequest:
+    """The GenerateRequest an ask carries (the same for users and verifiers' challenges).
+
+    Every ask carries an audit commitment: the asker's (gentorrent/audits.py) or, when it will
+    never audit, 32 random bytes that look the same, so a commitment marks no ask."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt or messages")
     sampling = pb.SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, top_k=top_k,
                                  has_seed=seed is not None, seed=seed or 0, stop=stop or [])
-    request = pb.GenerateRequest(model=model, sampling=sampling, session_id=session or "", stream=stream)
+    commitment = os.urandom(AUDIT_COMMITMENT_BYTES) if audit_commitment is None else audit_commitment
+    request = pb.GenerateRequest(model=model, sampling=sampling, session_id=session or "", stream=stream,
+                                 audit_commitment=commitment)
     if prompt is not None:
         request.prompt = prompt
     else:

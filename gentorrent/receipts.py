@@ -2,7 +2,9 @@
 
 Verifiers score a model node on the replies it signed, so a receipt must bind everything a
 node could lie about: its id, the model it claims to run, the exact prompt (hash), the exact
-output tokens (hash), the sampling parameters (hash) and the time. Hashes are over canonical
+output tokens (hash), the sampling parameters (hash) and the time, and the asker's audit commitment (so that an
+audit of the reply can show its selection was fixed before the reply existed:
+gentorrent/audits.py). Hashes are over canonical
 encodings defined here, not over protobuf bytes (protobuf serialisation is not canonical
 across implementations). The signature is Ed25519 over a domain-separated, length-prefixed
 concatenation, so no two different receipts share a signed message.
@@ -63,8 +65,11 @@ def sampling_hash(s: pb.SamplingParams) -> bytes:
 
 
 def signed_message(r: pb.ReplyReceipt) -> bytes:
-    return (DOMAIN + _lp(r.node_id) + _lp(r.model.encode()) + _lp(r.prompt_hash)
+    """The audit commitment is appended only when present: receipts without one keep their
+    old signed bytes, and the fixed-size tail before it keeps the two forms apart."""
+    body = (DOMAIN + _lp(r.node_id) + _lp(r.model.encode()) + _lp(r.prompt_hash)
             + _lp(r.output_hash) + _lp(r.sampling_hash) + struct.pack(">QI", r.time_ms, r.prompt_tokens))
+    return body + _lp(r.audit_commitment) if r.audit_commitment else body
 
 
 def make_receipt(identity: Identity, model: str, request: pb.GenerateRequest,
@@ -74,7 +79,7 @@ def make_receipt(identity: Identity, model: str, request: pb.GenerateRequest,
     receipt = pb.ReplyReceipt(
         node_id=identity.node_id, model=model, prompt_hash=request_prompt_hash(request),
         output_hash=output_hash(output_token_ids), sampling_hash=sampling_hash(request.sampling),
-        time_ms=time_ms, prompt_tokens=prompt_tokens,
+        time_ms=time_ms, prompt_tokens=prompt_tokens, audit_commitment=request.audit_commitment,
     )
     receipt.signature = identity.sign(signed_message(receipt))
     return receipt
@@ -98,5 +103,7 @@ def verify_receipt(receipt: pb.ReplyReceipt, public_key: bytes,
             raise ReceiptError("receipt covers different sampling parameters")
         if request.model and receipt.model != request.model:
             raise ReceiptError("receipt names a different model")
+        if receipt.audit_commitment != request.audit_commitment:
+            raise ReceiptError("receipt covers a different audit commitment")
     if output_token_ids is not None and receipt.output_hash != output_hash(output_token_ids):
         raise ReceiptError("receipt covers different output tokens")
