@@ -1,0 +1,94 @@
+"""The audit desk's shell on a committee member: takes submissions as they arrive, scores the
+queued ones with the member's reference model, keeps each epoch's audit credibilities.
+
+It holds the clock, the registry view and the reference model; every decision is the pure
+desk's (verifier/epochs/audits.py). Receipt freshness is judged by this member's clock: a
+receipt is fresh from two epoch spans ago (the current and the previous epoch) to now plus
+the allowed skew.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Mapping, Protocol, Sequence
+
+from gentorrent import audits
+from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
+from gentorrent.wire import gentorrent_pb2 as pb
+from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility
+from verifier.epochs.scoring import ScoringError, TokenScores
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AuditService", "epoch_span_ms"]
+
+
+class Scorer(Protocol):
+    """The member's reference model (verifier.epochs.reference.RemoteReference has it)."""
+
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int]) -> TokenScores: ...
+
+
+def epoch_span_ms(params: EpochRunParams = EPOCH_RUN) -> int:
+    """The longest an epoch runs: all of its phase deadlines."""
+    return (params.election_timeout_ms + params.plan_timeout_ms + params.probe_timeout_ms
+            + params.attest_timeout_ms)
+
+
+class AuditService:
+    """One member's audit desk over time: `submit` from the transport, `score_queued` from
+    the epoch runner, `credibilities` for the epoch result."""
+
+    def __init__(self, models: Callable[[], Mapping[bytes, audits.RegisteredModel]], reference: Scorer,
+                 epoch: Callable[[], int], params: AuditParams = AUDITS, span_ms: int | None = None,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self.models, self.reference, self.epoch, self.params = models, reference, epoch, params
+        self.span_ms = epoch_span_ms() if span_ms is None else span_ms
+        self.clock_ms = clock_ms
+        self.desk = AuditDesk(epoch(), params)
+        self._scored = 0  # queue entries of the current desk already scored
+        self.results: dict[int, dict[bytes, list[float]]] = {}
+
+    def _roll(self) -> None:
+        current = self.epoch()
+        if current > self.desk.epoch:
+            self.desk = self.desk.next_epoch(current)
+            self._scored = 0
+            for old in [e for e in self.results if e < current - 1]:
+                del self.results[old]
+
+    def window(self) -> audits.AuditWindow:
+        now = self.clock_ms()
+        return audits.AuditWindow(now - 2 * self.span_ms, now + self.params.max_clock_skew_ms)
+
+    def submit(self, data: bytes, channel: str) -> pb.AuditAck:
+        """Admit one submission that arrived over `channel` (the overlay link it came in on)."""
+        self._roll()
+        try:
+            self.desk, _ = self.desk.admit(data, channel, self.models(), self.window())
+        except AuditRefused as exc:
+            return pb.AuditAck(accepted=False, reason=str(exc))
+        return pb.AuditAck(accepted=True)
+
+    async def score_queued(self) -> int:
+        """Score what was admitted since the last call; returns how many were scored. An audit
+        the reference cannot score is dropped (logged), never counted against the node."""
+        self._roll()
+        epoch, pending = self.desk.epoch, self.desk.queue[self._scored:]
+        self._scored = len(self.desk.queue)
+        done = 0
+        for audit in pending:
+            try:
+                scores = await self.reference.score(audit.request, list(audit.token_ids))
+                value = audit_credibility(audit, scores)
+            except (ScoringError, RuntimeError, ValueError) as exc:
+                log.info("audit of %s not scored: %s", audit.node_id.hex()[:16], exc)
+                continue
+            self.results.setdefault(epoch, {}).setdefault(audit.node_id, []).append(value)
+            done += 1
+        return done
+
+    def credibilities(self, epoch: int) -> dict[bytes, Sequence[float]]:
+        """Each audited node's audit credibilities of `epoch` (node id -> scores)."""
+        return {node: tuple(v) for node, v in self.results.get(epoch, {}).items()}
