@@ -32,7 +32,8 @@ COMMON_SECTIONS: dict[str, type] = {
 #: a node home's configuration file (optional: every section has the paper's defaults)
 CONFIG_FILE = "config.toml"
 #: what user nodes read (and the stand-in model node, which must decode with its askers' k)
-USER_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "overlay": cfg.OverlayParams, "user_api": cfg.UserApiParams}
+USER_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "overlay": cfg.OverlayParams, "user_api": cfg.UserApiParams,
+                                  "audits": cfg.AuditParams}
 
 MAX_CONFIG_BYTES = 256 * 1024
 

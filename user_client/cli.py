@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -114,8 +115,9 @@ async def _run_node(args, api_listen: str) -> int:
     check_can_listen(api_listen, "--api-listen" if args.command == "start" else "--listen")
     check_can_listen(args.listen, "--listen" if args.command == "start" else "--relay-listen")
     stages = Stages(PROG, STAGES)
+    audits = conf["audits"] if args.audits else dataclasses.replace(conf["audits"], user_enabled=False)
     node = UserNode(home, _directory(args), listen=args.listen, region=args.region,
-                    cloves=conf["cloves"], params=conf["overlay"], advertise=args.advertise)
+                    cloves=conf["cloves"], params=conf["overlay"], advertise=args.advertise, audits=audits)
     api = ApiServer(node, api_listen, conf["user_api"])
     stages.begin(STAGES[0], detail=api_listen)
     try:  # the API's port first: a taken port stops here, before the node registers anywhere
@@ -302,6 +304,10 @@ def _node_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", metavar="HOST:PORT", type=host_port,
                    help="relay address to register, when peers reach this node elsewhere than --listen "
                         "(a wildcard listen address, a port forward); default: the address it listens on")
+    p.add_argument("--audits", action=argparse.BooleanOptionalAction, default=True,
+                   help="hand a random share of this node's asks (prompt, reply, the node's receipt) to the "
+                        "committee, anonymously, to check model nodes on real traffic (--no-audits: never; "
+                        "config.toml [audits] user_enabled = false does the same)")
 
 
 def parser() -> argparse.ArgumentParser:

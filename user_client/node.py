@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from gentorrent.config import CLOVES, MODEL_NODE, OVERLAY, CloveParams, OverlayParams
+from gentorrent.config import AUDITS, CLOVES, MODEL_NODE, OVERLAY, AuditParams, CloveParams, OverlayParams
 from gentorrent.crypto import tls
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.channels import ChannelPool
@@ -29,6 +29,7 @@ from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
+from user_client.auditing import Auditor
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
 from gentorrent.ledger.txs import advertised_address, check_listen
@@ -52,10 +53,12 @@ class UserNode:
         tap: Tap | None = None,
         maintain: bool = True,
         advertise: str | None = None,
+        audits: AuditParams = AUDITS,
     ) -> None:
         """`advertise`: the address peers reach this node at, when it is not the one it listens
         on (a port forward, or a fault proxy in a test); it is what the directory lists and
-        what this relay names as its return address."""
+        what this relay names as its return address. `audits`: whether (user_enabled) and at
+        which rate this node's own asks are audited (user_client/auditing.py)."""
         self.home = Path(home)
         self.directory = directory
         self.listen = listen
@@ -79,6 +82,7 @@ class UserNode:
         self.asker: Asker | None = None
         self.channels = ChannelPool(own=self.tls)  # relays ask for it: mutual TLS on every link
         self._last_miss_refresh = 0.0
+        self.auditor = Auditor(audits, rng=rng)
 
     @property
     def record(self) -> UserRecord:
@@ -169,19 +173,27 @@ class UserNode:
 
         `session` is the session id the request carries to the model node; `affinity` keys
         the node a conversation sticks to on this node only (it never leaves it)."""
-        request = make_request(prompt, messages, model, session=session, stream=True, **sampling)
+        ticket = self.auditor.ticket()
+        request = make_request(prompt, messages, model, session=session, stream=True,
+                               audit_commitment=self.auditor.commitment(ticket), **sampling)
         async for item in self.asker.ask_stream(request, node_id=node_id, affinity=affinity):
+            if isinstance(item, Answer):
+                self.auditor.after(item, ticket)
             yield item
 
     async def ask(self, prompt: str | None = None, messages: list[dict] | None = None,
                   model: str = MODEL_NODE.default_model, session: str | None = None,
                   node_id: str | None = None, affinity: str | None = None, **sampling) -> Answer:
-        request = make_request(prompt, messages, model, session=session, stream=False, **sampling)
-        return await self.ask_request(request, node_id=node_id, affinity=affinity)
+        ticket = self.auditor.ticket()
+        request = make_request(prompt, messages, model, session=session, stream=False,
+                               audit_commitment=self.auditor.commitment(ticket), **sampling)
+        answer = await self.ask_request(request, node_id=node_id, affinity=affinity)
+        self.auditor.after(answer, ticket)
+        return answer
 
     async def ask_request(self, request: pb.GenerateRequest, node_id: str | None = None,
                           affinity: str | None = None) -> Answer:
-        """Ask with a ready GenerateRequest (what verifiers' challenges use)."""
+        """Ask with a ready GenerateRequest (what verifiers' challenges use); never audited."""
         answer = None
         async for item in self.asker.ask_stream(request, node_id=node_id, buffered=True, affinity=affinity):
             if isinstance(item, Answer):
@@ -200,4 +212,5 @@ class UserNode:
             "paths": self.paths.status() if self.paths else {},
             "relay": self.relay.status() if self.relay else {},
             "asking": self.asker.status() if self.asker else {},
+            "audits": self.auditor.status(),
         }

@@ -1,0 +1,143 @@
+"""The user's side of audits (user_client/auditing.py): the commitment goes out with every ask,
+an ask drawn for audit becomes a submission the committee's desk admits, audits can be turned
+off, and a model node cannot strip the commitment from what it signs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from gentorrent import audits, generation, receipts
+from gentorrent.config import AUDITS
+from gentorrent.crypto.keys import Identity
+from gentorrent.ledger.sections import ModelRecord
+from gentorrent.wire import gentorrent_pb2 as pb
+from testkit.echo_model import EchoModelNode
+from testkit.localnet import start_user_nodes
+from user_client.asking import Answer, receipt_is_valid
+from user_client.auditing import Auditor
+from verifier.epochs.audits import AuditDesk, AuditRefused
+
+MODEL = "smollm2-135m"
+ALWAYS = dataclasses.replace(AUDITS, rate=1.0)
+NEVER = dataclasses.replace(AUDITS, rate=0.0)
+NODE = Identity.from_seed(b"u" * 32)
+RECORD = ModelRecord(NODE.node_id, NODE.public_key, "127.0.0.1:1", MODEL, b"\0" * 32, b"")
+NOW_MS = 1_800_000_000_000
+WINDOW = audits.AuditWindow(NOW_MS - 1000, NOW_MS + 1000)
+
+
+def _answer(auditor: Auditor, tokens=(1, 2, 3), prompt: str = "q") -> tuple[Answer, audits.AuditTicket | None]:
+    ticket = auditor.ticket()
+    request = generation.make_request(prompt, model=MODEL, audit_commitment=auditor.commitment(ticket))
+    receipt = receipts.make_receipt(NODE, MODEL, request, list(tokens), NOW_MS)
+    return Answer("abc", list(tokens), NODE.node_id_hex, MODEL, "stop", receipt, request, [], []), ticket
+
+
+def test_an_audited_ask_becomes_a_submission_the_desk_admits():
+    auditor = Auditor(ALWAYS)
+    answer, ticket = _answer(auditor)
+    assert auditor.after(answer, ticket) and len(auditor.outbox) == 1
+    desk, checked = AuditDesk(1, ALWAYS).admit(auditor.outbox[0], "proxy", {NODE.node_id: RECORD}, WINDOW)
+    assert checked.token_ids == (1, 2, 3) and len(desk.queue) == 1
+    assert auditor.status()["audited"] == 1
+
+
+def test_asks_not_drawn_are_never_handed_in():
+    auditor = Auditor(NEVER)
+    answer, ticket = _answer(auditor)
+    assert not auditor.after(answer, ticket) and not auditor.outbox
+
+
+def test_audits_off_draws_no_secret_and_the_request_looks_the_same():
+    auditor = Auditor(ALWAYS, enabled=False)
+    answer, ticket = _answer(auditor)
+    assert ticket is None and len(answer.request.audit_commitment) == 32
+    assert not auditor.after(answer, ticket) and not auditor.outbox
+    assert auditor.status()["enabled"] is False
+
+
+def test_attack_model_node_strips_or_swaps_the_commitment():
+    """A node that would rather not be audited signs a receipt without the user's commitment,
+    or with another one: the user refuses that reply (as any reply whose receipt does not
+    cover what was asked), so it cannot serve users and dodge audits."""
+    auditor = Auditor(ALWAYS)
+    answer, ticket = _answer(auditor)
+    for forged in (b"", b"\x07" * 32):
+        request = pb.GenerateRequest()
+        request.CopyFrom(answer.request)
+        request.audit_commitment = forged
+        receipt = receipts.make_receipt(NODE, MODEL, request, answer.token_ids, NOW_MS)
+        assert not receipt_is_valid(receipt, RECORD, answer.request, answer.token_ids)
+    assert receipt_is_valid(answer.receipt, RECORD, answer.request, answer.token_ids)
+
+
+class _Channel:
+    def __init__(self, desk: AuditDesk, fail: bool = False) -> None:
+        self.desk, self.fail = desk, fail
+
+    async def submit(self, data: bytes) -> pb.AuditAck:
+        if self.fail:
+            raise ConnectionError("no path")
+        try:
+            self.desk, _ = self.desk.admit(data, "proxy", {NODE.node_id: RECORD}, WINDOW)
+        except AuditRefused as exc:
+            return pb.AuditAck(accepted=False, reason=str(exc))
+        return pb.AuditAck(accepted=True)
+
+
+def test_flush_hands_in_keeps_failures_and_counts_refusals():
+    auditor = Auditor(ALWAYS)
+    for prompt in ("a", "b"):
+        answer, ticket = _answer(auditor, prompt=prompt)
+        auditor.after(answer, ticket)
+    sent = list(auditor.outbox)
+    assert asyncio.run(auditor.flush(_Channel(AuditDesk(1, ALWAYS), fail=True), max_delay_s=0)) == 0
+    assert len(auditor.outbox) == 2 and auditor.counts["failed"] == 2
+    channel = _Channel(AuditDesk(1, ALWAYS))
+    assert asyncio.run(auditor.flush(channel, max_delay_s=0)) == 2 and not auditor.outbox
+    auditor.outbox.append(sent[0])  # handed in twice: the desk refuses the replay
+    assert asyncio.run(auditor.flush(channel, max_delay_s=0)) == 0 and auditor.counts["refused"] == 1
+
+
+@pytest.mark.network
+@pytest.mark.timeout(180)
+async def test_a_real_ask_through_the_overlay_is_audited_by_the_committee(tmp_path):
+    """Real user nodes, 4 paths of 3 hops, the echo model node's real intake and receipts: the
+    commitment travels in the request, the model node signs it unawares, and the ask drawn
+    for audit is admitted by the desk against the directory's record of the node."""
+    from gentorrent.config import CloveParams, OverlayParams
+
+    cloves = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
+    fast = OverlayParams(first_reply_timeout_s=8.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
+                         establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
+    directory = tmp_path / "directory.json"
+    model = EchoModelNode(tmp_path / "model", directory, cloves=cloves, params=fast)
+    await model.start()
+    nodes = await start_user_nodes(13, directory, tmp_path, cloves=cloves, params=fast, maintain=False,
+                                   audits=ALWAYS)
+    try:
+        me = nodes[0]
+        assert await me.paths.fill() == 4
+        answer = await me.ask("What is the boiling point of water?")
+        streamed = [item async for item in me.ask_stream("And at altitude?")][-1]
+        assert isinstance(streamed, Answer)
+        assert model.requests[0].audit_commitment == answer.request.audit_commitment
+        assert len(me.auditor.outbox) == 2
+        models = {m.node_id: m for m in me.directory.models()}
+        now = answer.receipt.time_ms
+        desk = AuditDesk(1, ALWAYS)
+        for data in list(me.auditor.outbox):
+            desk, checked = desk.admit(data, "proxy", models, audits.AuditWindow(now - 60_000, now + 60_000))
+            assert checked.node_id == model.keys.identity.node_id
+        # a user with audits off sends a commitment too, and hands nothing in
+        nodes[1].auditor.enabled = False
+        assert await nodes[1].paths.fill() == 4
+        other = await nodes[1].ask("What is the boiling point of water?")
+        assert len(other.request.audit_commitment) == 32 and not nodes[1].auditor.outbox
+    finally:
+        for node in nodes:
+            await node.stop()
+        await model.stop()
