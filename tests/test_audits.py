@@ -95,6 +95,10 @@ def test_attack_user_picks_a_selecting_secret_after_the_reply(world):
     sub.request.audit_commitment = audits.commitment_of(sub.secret)
     with pytest.raises(audits.AuditError, match="commitment"):
         audits.check_submission(sub.SerializeToString(), models, WINDOW)
+    # ...and the receipt's too: the node's signature covers the commitment it was sent
+    sub.receipt.audit_commitment = audits.commitment_of(sub.secret)
+    with pytest.raises(audits.AuditError, match="signature"):
+        audits.check_submission(sub.SerializeToString(), models, WINDOW)
 
 
 def test_receipt_signs_the_commitment_and_old_receipts_keep_their_bytes():
