@@ -105,7 +105,13 @@ def receipt_key(receipt: pb.ReplyReceipt) -> bytes:
 
 def make_submission(request: pb.GenerateRequest, token_ids: list[int], receipt: pb.ReplyReceipt,
                     ticket: AuditTicket) -> pb.AuditSubmission:
-    return pb.AuditSubmission(request=request, token_ids=token_ids, receipt=receipt, secret=ticket.secret)
+    """The submission of one audited ask. The request goes without its request and session
+    ids: the receipt does not cover them, and a session id would link a user's audits."""
+    bare = pb.GenerateRequest()
+    bare.CopyFrom(request)
+    bare.request_id = ""
+    bare.session_id = ""
+    return pb.AuditSubmission(request=bare, token_ids=token_ids, receipt=receipt, secret=ticket.secret)
 
 
 def encode_submission(submission: pb.AuditSubmission, params: AuditParams = AUDITS) -> bytes:

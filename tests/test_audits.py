@@ -34,8 +34,10 @@ def _ticket(rng: random.Random, prompt: str, rate: float = AUDITS.rate, selected
 
 
 def _ask(node: Identity, ticket: audits.AuditTicket, prompt: str = "Why is the sky blue?",
-         tokens: tuple[int, ...] = (5, 6, 7), time_ms: int = T0) -> pb.AuditSubmission:
-    request = generation.make_request(prompt, model=MODEL, temperature=0.7, audit_commitment=ticket.commitment)
+         tokens: tuple[int, ...] = (5, 6, 7), time_ms: int = T0, session: str | None = None) -> pb.AuditSubmission:
+    request = generation.make_request(prompt, model=MODEL, temperature=0.7, audit_commitment=ticket.commitment,
+                                      session=session)
+    request.request_id = "f00d"
     receipt = receipts.make_receipt(node, MODEL, request, list(tokens), time_ms)
     return audits.make_submission(request, list(tokens), receipt, ticket)
 
@@ -50,7 +52,8 @@ def world():
 
 def test_an_honestly_selected_ask_is_admitted(world):
     rng, node, models = world
-    sub = _ask(node, _ticket(rng, "Why is the sky blue?"))
+    sub = _ask(node, _ticket(rng, "Why is the sky blue?"), session="a1b2c3")
+    assert not sub.request.session_id and not sub.request.request_id  # nothing that links audits
     checked = audits.check_submission(sub.SerializeToString(), models, WINDOW)
     assert checked.node_id == node.node_id and checked.token_ids == (5, 6, 7)
     assert checked.key == audits.receipt_key(sub.receipt)
