@@ -28,8 +28,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from gentorrent import generation, receipts
 from gentorrent.config import AUDIT_COMMITMENT_BYTES, AUDITS, AuditParams
+from gentorrent.overlay import sealing
 from gentorrent.wire import gentorrent_pb2 as pb
 
 __all__ = [
@@ -43,11 +46,15 @@ __all__ = [
     "make_submission",
     "encode_submission",
     "check_submission",
+    "AuditMember",
+    "seal_for",
+    "open_sealed_audit",
 ]
 
 COMMIT_DOMAIN = b"gentorrent/audit-commitment/v1\x00"
 SELECT_DOMAIN = b"gentorrent/audit-selection/v1\x00"
 RECEIPT_DOMAIN = b"gentorrent/audit-receipt/v1\x00"
+SEAL_LABEL = b"gentorrent/audit-submission/v1"
 
 
 class AuditError(ValueError):
@@ -193,3 +200,33 @@ def check_submission(data: bytes, models: Mapping[bytes, RegisteredModel], windo
     if not is_audited(sub.secret, sub.receipt.prompt_hash, params.rate):
         raise AuditError("this ask was not selected for audit when it was asked")
     return CheckedAudit(bytes(sub.receipt.node_id), sub.request, tuple(sub.token_ids), receipt_key(sub.receipt))
+
+
+@dataclass(frozen=True)
+class AuditMember:
+    """A committee member that takes audits: where a proxy reaches it (its pinned TLS
+    certificate) and the X25519 key a user seals a submission to, so the proxy and the relays
+    before it carry the audit without reading it."""
+
+    node_id: bytes
+    address: str
+    tls_cert_pem: bytes
+    audit_key: bytes
+
+
+#: sealed audits are padded to this size or the next power of two, so relays see size classes
+SEAL_MIN_BYTES = 16 * 1024
+
+
+def seal_for(member: AuditMember, data: bytes) -> bytes:
+    return sealing.seal_to(member.audit_key, sealing.pad(data, SEAL_MIN_BYTES), SEAL_LABEL)
+
+
+def open_sealed_audit(private: X25519PrivateKey, blob: bytes, params: AuditParams = AUDITS) -> bytes:
+    """The submission inside a sealed audit; AuditError if it is not sealed to this key."""
+    if len(blob) > params.max_submission_bytes + 1024:
+        raise AuditError(f"an audit submission is at most {params.max_submission_bytes} bytes")
+    try:
+        return sealing.unpad(sealing.open_sealed(private, blob, SEAL_LABEL))
+    except (sealing.SealError, ValueError) as exc:
+        raise AuditError("a sealed audit that does not open with this member's key") from exc

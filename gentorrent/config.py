@@ -277,7 +277,7 @@ class AuditParams:
     max_per_epoch: int = 256  # audits scored per epoch, all nodes together
     max_per_channel_epoch: int = 32  # per arriving overlay link (a proxy) per epoch
     max_reply_tokens: int = 1024  # output tokens of one audited reply
-    max_submission_bytes: int = 1024 * 1024  # encoded AuditSubmission (a prompt may be 512 KiB)
+    max_submission_bytes: int = 768 * 1024  # encoded AuditSubmission (a prompt is <= 512 KiB); one clove
     max_clock_skew_ms: int = 120_000  # a receipt stamped this far past the desk's clock is refused
     user_enabled: bool = True  # a user node hands its audited asks in (gt-user start --no-audits)
 

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, replace
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 import pytest
 
 from gentorrent import audits, generation, receipts
@@ -191,3 +192,19 @@ def test_service_rolls_epochs_and_refuses_stale_receipts(node, models):
     assert not ack.accepted and "epoch" in ack.reason
     assert service.desk.epoch == 2 and not service.desk.queue
     assert len(service.credibilities(1)[node.node_id]) == 1 and not service.credibilities(2)
+
+
+def test_sealed_audits_open_only_with_the_members_key(node, models):
+    member_key = X25519PrivateKey.from_private_bytes(b"k" * 32)
+    member = audits.AuditMember(b"m" * 32, "127.0.0.1:1", b"", member_key.public_key().public_bytes_raw())
+    service = AuditService(lambda: models, SyntheticReference(), epoch=lambda: 1, clock_ms=lambda: NOW,
+                           audit_key=member_key)
+    data = Users(node).audited_ask("sealed question").SerializeToString()
+    sealed = audits.seal_for(member, data)
+    assert len(sealed) >= audits.SEAL_MIN_BYTES and data not in sealed
+    other = AuditService(lambda: models, SyntheticReference(), epoch=lambda: 1, clock_ms=lambda: NOW,
+                         audit_key=X25519PrivateKey.from_private_bytes(b"o" * 32))
+    ack = other.submit_sealed(sealed, "proxy")
+    assert not ack.accepted and "key" in ack.reason and not other.desk.queue
+    assert not service.submit_sealed(b"\0" * 40, "proxy").accepted
+    assert service.submit_sealed(sealed, "proxy").accepted and len(service.desk.queue) == 1

@@ -14,10 +14,16 @@ from gentorrent.config import AUDITS
 from gentorrent.crypto.keys import Identity
 from gentorrent.ledger.sections import ModelRecord
 from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.config import CloveParams, OverlayParams
+from gentorrent.crypto import tls
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.ledger.directory import StaticDirectory
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from testkit.echo_model import EchoModelNode
 from testkit.localnet import start_user_nodes
 from user_client.asking import Answer, receipt_is_valid
 from user_client.auditing import Auditor
+from verifier.epochs.audit_service import AuditService
 from verifier.epochs.audits import AuditDesk, AuditRefused
 
 MODEL = "smollm2-135m"
@@ -102,36 +108,68 @@ def test_flush_hands_in_keeps_failures_and_counts_refusals():
     assert asyncio.run(auditor.flush(channel, max_delay_s=0)) == 0 and auditor.counts["refused"] == 1
 
 
+class _Member(rpc.VerifierServicer):
+    """A committee member's audit desk behind its real TLS endpoint (the SubmitAudit RPC only)."""
+
+    def __init__(self, home, models) -> None:
+        self.keys = NodeKeys.load_or_create(home)
+        self.tls = tls.TlsIdentity.load_or_create(home, self.keys.identity)
+        self.service = AuditService(models, reference=None, epoch=lambda: 1, params=ALWAYS,
+                                    audit_key=self.keys.onion.private_key)
+        self.arrived = asyncio.Event()
+        self.peers: list[str] = []
+
+    async def SubmitAudit(self, request, context):
+        self.peers.append(context.peer())
+        ack = self.service.submit_sealed(request.sealed, context.peer().rsplit(":", 1)[0])
+        self.arrived.set()
+        return ack
+
+    def member(self, address: str) -> audits.AuditMember:
+        return audits.AuditMember(self.keys.identity.node_id, address, self.tls.cert_pem, self.keys.onion.public_key)
+
+
 @pytest.mark.network
 @pytest.mark.timeout(180)
-async def test_a_real_ask_through_the_overlay_is_audited_by_the_committee(tmp_path):
+async def test_a_real_ask_is_audited_and_handed_in_through_the_overlay(tmp_path):
     """Real user nodes, 4 paths of 3 hops, the echo model node's real intake and receipts: the
-    commitment travels in the request, the model node signs it unawares, and the ask drawn
-    for audit is admitted by the desk against the directory's record of the node."""
-    from gentorrent.config import CloveParams, OverlayParams
-
+    commitment travels in the request and the model node signs it unawares; the audited ask
+    goes, sealed, over one of the user's paths to a proxy that hands it to the committee
+    member, whose desk admits it. No relay sees the prompt; the member is called by a proxy."""
     cloves = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
     fast = OverlayParams(first_reply_timeout_s=8.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
                          establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
     directory = tmp_path / "directory.json"
     model = EchoModelNode(tmp_path / "model", directory, cloves=cloves, params=fast)
     await model.start()
+    static = StaticDirectory(directory)
+    member = _Member(tmp_path / "member", lambda: {m.node_id: m for m in static.models()})
+    server, port = tls.new_server(member.tls, "127.0.0.1:0")
+    rpc.add_VerifierServicer_to_server(member, server)
+    await server.start()
+    members = {member.keys.identity.node_id: member.member(f"127.0.0.1:{port}")}
     nodes = await start_user_nodes(13, directory, tmp_path, cloves=cloves, params=fast, maintain=False,
-                                   audits=ALWAYS)
+                                   audits=ALWAYS, committee=lambda: members)
+    seen: list[bytes] = []
+    for node in nodes:
+        node.relay.tap = lambda event, link_id, payload: seen.append(bytes(payload))
     try:
+        await static.refresh()
         me = nodes[0]
         assert await me.paths.fill() == 4
-        answer = await me.ask("What is the boiling point of water?")
+        prompt = "What is the boiling point of water on the summit of Mont Blanc?"
+        answer = await me.ask(prompt)
         streamed = [item async for item in me.ask_stream("And at altitude?")][-1]
         assert isinstance(streamed, Answer)
         assert model.requests[0].audit_commitment == answer.request.audit_commitment
         assert len(me.auditor.outbox) == 2
-        models = {m.node_id: m for m in me.directory.models()}
-        now = answer.receipt.time_ms
-        desk = AuditDesk(1, ALWAYS)
-        for data in list(me.auditor.outbox):
-            desk, checked = desk.admit(data, "proxy", models, audits.AuditWindow(now - 60_000, now + 60_000))
-            assert checked.node_id == model.keys.identity.node_id
+        assert await me.auditor.flush(me.audit_channel, max_delay_s=0) == 2
+        await asyncio.wait_for(_arrivals(member, 2), 30)
+        assert len(member.service.desk.queue) == 2, [p for p in member.peers]
+        assert {a.node_id for a in member.service.desk.queue} == {model.keys.identity.node_id}
+        proxies = [n for n in nodes if n.relay.handoff.counts["accepted"]]
+        assert proxies and me not in proxies  # the member was called by proxies, never by the asker
+        assert not any(prompt.encode() in blob for blob in seen)  # sealed all the way
         # a user with audits off sends a commitment too, and hands nothing in
         nodes[1].auditor.enabled = False
         assert await nodes[1].paths.fill() == 4
@@ -141,3 +179,10 @@ async def test_a_real_ask_through_the_overlay_is_audited_by_the_committee(tmp_pa
         for node in nodes:
             await node.stop()
         await model.stop()
+        await server.stop(None)
+
+
+async def _arrivals(member: _Member, count: int) -> None:
+    while len(member.peers) < count:
+        member.arrived.clear()
+        await member.arrived.wait()

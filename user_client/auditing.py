@@ -19,16 +19,20 @@ import logging
 import os
 import random
 from collections import deque
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from gentorrent import audits
+from gentorrent.crypto import onion
 from gentorrent.config import AUDIT_COMMITMENT_BYTES, AUDITS, AuditParams
 from gentorrent.wire import gentorrent_pb2 as pb
 from user_client.asking import Answer
 
+if TYPE_CHECKING:
+    from user_client.paths import PathManager
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Auditor", "AuditChannel"]
+__all__ = ["Auditor", "AuditChannel", "OverlayAuditChannel"]
 
 #: submissions kept waiting for a channel; beyond this the oldest are dropped
 OUTBOX_LIMIT = 64
@@ -105,3 +109,37 @@ class Auditor:
 
     def status(self) -> dict:
         return {"enabled": self.enabled, "rate": self.params.rate, "waiting": len(self.outbox), **self.counts}
+
+
+class OverlayAuditChannel:
+    """Hands a submission to a random committee member through one of this node's proxy
+    paths: sealed to the member's audit key, wrapped in the path's layers like a clove of an
+    ask, with the member named where a model node would be (the proxy hands it on:
+    user_client/audit_handoff.py). Delivery is acknowledged hop by hop, like every clove: the
+    ack says the first hop took it, not what the member decided."""
+
+    def __init__(self, paths: "PathManager", members: Callable[[], Mapping[bytes, audits.AuditMember]],
+                 rng: random.Random | None = None, timeout_s: float = 10.0) -> None:
+        self.paths, self.members, self.timeout_s = paths, members, timeout_s
+        self.rng = rng or random.SystemRandom()
+
+    async def submit(self, data: bytes) -> pb.AuditAck:
+        members = sorted(self.members().values(), key=lambda m: m.node_id)
+        if not members:
+            raise ConnectionError("no committee member takes audits")
+        member = self.rng.choice(members)
+        picked = await self.paths.pick(1)
+        if not picked:
+            raise ConnectionError("no proxy path to hand an audit in")
+        path = picked[0]
+        instruction = pb.ProxyInstruction(committee_member=member.node_id, payload=audits.seal_for(member, data))
+        blob = onion.wrap_forward(path.secrets, instruction.SerializeToString(), path.take_seq())
+        link = self.paths.relay.hub.link_to(path.first_hop)
+        if link is None:
+            raise ConnectionError("the path's first relay left the directory")
+        ack = link.send(True, [pb.Clove(link_id=path.first_link, payload=blob)], ack=True)
+        result = await asyncio.wait_for(ack, self.timeout_s)
+        if result != []:
+            self.paths.mark_failed(path)
+            raise ConnectionError(f"the path's first relay did not take the audit: {result}")
+        return pb.AuditAck(accepted=True)

@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Mapping
 
 from gentorrent.config import AUDITS, CLOVES, MODEL_NODE, OVERLAY, AuditParams, CloveParams, OverlayParams
 from gentorrent.crypto import tls
@@ -25,11 +25,13 @@ from gentorrent.crypto.keys import NodeKeys
 from gentorrent.channels import ChannelPool
 from gentorrent.ledger.peers import PeerIndex
 from user_client.relay import Relay, Tap
+from gentorrent.audits import AuditMember
 from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from user_client.asking import Answer, AskError, Asker, Delta
-from user_client.auditing import Auditor
+from user_client.audit_handoff import CommitteeHandoff
+from user_client.auditing import Auditor, OverlayAuditChannel
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
 from gentorrent.ledger.txs import advertised_address, check_listen
@@ -54,11 +56,14 @@ class UserNode:
         maintain: bool = True,
         advertise: str | None = None,
         audits: AuditParams = AUDITS,
+        committee: Callable[[], Mapping[bytes, AuditMember]] | None = None,
     ) -> None:
         """`advertise`: the address peers reach this node at, when it is not the one it listens
         on (a port forward, or a fault proxy in a test); it is what the directory lists and
         what this relay names as its return address. `audits`: whether (user_enabled) and at
-        which rate this node's own asks are audited (user_client/auditing.py)."""
+        which rate this node's own asks are audited (user_client/auditing.py); `committee`: the
+        members that take audits (with their audit keys): this node hands its audits to them
+        over its paths, and as a proxy hands others' on; None: audits wait in the outbox."""
         self.home = Path(home)
         self.directory = directory
         self.listen = listen
@@ -83,6 +88,9 @@ class UserNode:
         self.channels = ChannelPool(own=self.tls)  # relays ask for it: mutual TLS on every link
         self._last_miss_refresh = 0.0
         self.auditor = Auditor(audits, rng=rng)
+        self.committee = committee
+        self.audit_channel: OverlayAuditChannel | None = None
+        self._flush: asyncio.Task | None = None
 
     @property
     def record(self) -> UserRecord:
@@ -101,7 +109,8 @@ class UserNode:
         server, port = tls.new_server(self.tls, self.listen, client_roots=self._client_roots)
         self.address = advertised_address(self.listen, port, self.advertise)
         self.relay = Relay(self.keys.onion, self.node_id_hex, self.keys.identity, self.index, self.channels,
-                           self.params, tap=self.tap)
+                           self.params, tap=self.tap,
+                           handoff=CommitteeHandoff(self.committee) if self.committee else None)
         rpc.add_RelayServicer_to_server(self.relay, server)
         await server.start()
         self._server = server
@@ -112,6 +121,8 @@ class UserNode:
         self.paths = PathManager(self.directory, self.relay, self.index, self.node_id_hex, self.region,
                                  self.cloves, self.params, rng=self.rng)
         self.asker = Asker(self.directory, self.paths, self.cloves, self.params, rng=self.rng)
+        if self.committee:
+            self.audit_channel = OverlayAuditChannel(self.paths, self.committee, rng=self.rng)
         if build_paths:
             await self.paths.fill()
         if self.maintain:
@@ -147,13 +158,17 @@ class UserNode:
                 await self.refresh_directory()
                 self.relay.expire()
                 await self.paths.fill()
+                if self.audit_channel is not None and self.auditor.outbox and (
+                        self._flush is None or self._flush.done()):  # a flush waits random delays
+                    self._flush = asyncio.ensure_future(self.auditor.flush(self.audit_channel))
             except Exception as exc:  # keep relaying; report through status
                 log.info("maintenance round failed: %s", exc)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = self._tasks + [self._flush] if self._flush is not None else self._tasks
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         await self.directory.close()  # stop renewing the registration
         if self.relay is not None:

@@ -40,6 +40,7 @@ from gentorrent.overlay.pathtable import (Drop, DropCounter, DropReason, HopEntr
                                           PathTable)
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from user_client.audit_handoff import CommitteeHandoff
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,12 @@ class Relay(rpc.RelayServicer):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         tap: Tap | None = None,
+        handoff: CommitteeHandoff | None = None,
     ) -> None:
+        """`handoff`: how this relay, as a proxy, hands sealed audits to committee members
+        (None: it refuses them)."""
         self.onion_key = onion_key
+        self.handoff = handoff
         self.node_id_hex = node_id_hex
         self.index = index
         self.params = params
@@ -212,6 +217,10 @@ class Relay(rpc.RelayServicer):
             instruction = pb.ProxyInstruction.FromString(plain)
         except DecodeError as exc:
             raise Drop(DropReason.BAD_INSTRUCTION) from exc
+        if instruction.committee_member:  # a sealed audit for the committee (user_client/audit_handoff.py)
+            if self.handoff is None or not self.handoff.take(instruction.committee_member, instruction.payload):
+                raise Drop(DropReason.UNKNOWN_DESTINATION)
+            return
         destination = instruction.destination.hex()
         if len(instruction.destination) != 32 or self.index.model(destination) is None or not instruction.payload:
             raise Drop(DropReason.UNKNOWN_DESTINATION)
@@ -288,7 +297,10 @@ class Relay(rpc.RelayServicer):
 
     def status(self) -> dict:
         return {"table": self.table.stats(), "drops": self.drops.as_dict(), "own_paths": len(self._endpoints),
-                "links": self.hub.status(), "notices": self.notices}
+                "links": self.hub.status(), "notices": self.notices,
+                "audit_handoffs": self.handoff.status() if self.handoff else {}}
 
     async def close(self) -> None:
+        if self.handoff is not None:
+            await self.handoff.close()
         await self.hub.close()

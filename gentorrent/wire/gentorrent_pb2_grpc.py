@@ -518,6 +518,11 @@ class VerifierStub:
                 request_serializer=gentorrent__pb2.Empty.SerializeToString,
                 response_deserializer=gentorrent__pb2.HealthReply.FromString,
                 _registered_method=True)
+        self.SubmitAudit = channel.unary_unary(
+                '/gentorrent.v1.Verifier/SubmitAudit',
+                request_serializer=gentorrent__pb2.SealedAudit.SerializeToString,
+                response_deserializer=gentorrent__pb2.AuditAck.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -565,6 +570,13 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitAudit(self, request, context):
+        """from a user's proxy (gentorrent/audits.py)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -602,6 +614,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=gentorrent__pb2.Empty.FromString,
                     response_serializer=gentorrent__pb2.HealthReply.SerializeToString,
+            ),
+            'SubmitAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitAudit,
+                    request_deserializer=gentorrent__pb2.SealedAudit.FromString,
+                    response_serializer=gentorrent__pb2.AuditAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -793,6 +810,33 @@ class Verifier:
             '/gentorrent.v1.Verifier/Health',
             gentorrent__pb2.Empty.SerializeToString,
             gentorrent__pb2.HealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gentorrent.v1.Verifier/SubmitAudit',
+            gentorrent__pb2.SealedAudit.SerializeToString,
+            gentorrent__pb2.AuditAck.FromString,
             options,
             channel_credentials,
             insecure,

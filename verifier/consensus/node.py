@@ -271,6 +271,7 @@ class VerifierNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._height_started_at = time.monotonic()
         self.epochs = None  # verification epochs: a verifier.epochs.runner.EpochRunner, when epochs run here
+        self.audits = None  # the audit desk: a verifier.epochs.audit_service.AuditService, when it runs here
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -641,6 +642,12 @@ class VerifierNode:
             return pb.Ack(ok=False, reason="verification epochs do not run on this node")
         return self.epochs.on_private(payload)
 
+    def on_audit(self, sealed: bytes, channel: str) -> pb.AuditAck:
+        """A sealed audit a user's proxy hands on (verifier/epochs/audit_service.py)."""
+        if self.audits is None:
+            return pb.AuditAck(accepted=False, reason="this member takes no audits")
+        return self.audits.submit_sealed(sealed, channel)
+
     def status(self) -> pb.VerifierStatusReply:
         now = time.time()
         peers = [f"{p.name}@{p.address}" for p in self.peers.values() if now - p.last_ok < 5.0]
@@ -703,6 +710,10 @@ class _Service(rpc.VerifierServicer):
 
     async def Private(self, request, context):
         return self.node.on_private(request.payload)
+
+    async def SubmitAudit(self, request, context):
+        peer = context.peer() or ""
+        return self.node.on_audit(request.sealed, peer.rsplit(":", 1)[0])  # the proxy's host: one link
 
     async def Health(self, request, context):
         return pb.HealthReply(node_id=self.node.identity.node_id_hex, role="verifier", version=VERSION,

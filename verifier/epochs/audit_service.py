@@ -9,9 +9,12 @@ the allowed skew.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Callable, Mapping, Protocol, Sequence
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gentorrent import audits
 from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
@@ -21,7 +24,7 @@ from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AuditService", "epoch_span_ms"]
+__all__ = ["AuditService", "epoch_span_ms", "service_for"]
 
 
 class Scorer(Protocol):
@@ -42,8 +45,11 @@ class AuditService:
 
     def __init__(self, models: Callable[[], Mapping[bytes, audits.RegisteredModel]], reference: Scorer,
                  epoch: Callable[[], int], params: AuditParams = AUDITS, span_ms: int | None = None,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 audit_key: X25519PrivateKey | None = None) -> None:
+        """`audit_key`: the X25519 key users seal audits to (the member's box key)."""
         self.models, self.reference, self.epoch, self.params = models, reference, epoch, params
+        self.audit_key = audit_key
         self.span_ms = epoch_span_ms() if span_ms is None else span_ms
         self.clock_ms = clock_ms
         self.desk = AuditDesk(epoch(), params)
@@ -61,6 +67,17 @@ class AuditService:
     def window(self) -> audits.AuditWindow:
         now = self.clock_ms()
         return audits.AuditWindow(now - 2 * self.span_ms, now + self.params.max_clock_skew_ms)
+
+    def submit_sealed(self, sealed: bytes, channel: str) -> pb.AuditAck:
+        """A submission as a proxy hands it on: sealed to this member's audit key;
+        `channel` is the connection it came over (the proxy)."""
+        if self.audit_key is None:
+            return pb.AuditAck(accepted=False, reason="this member has no audit key")
+        try:
+            data = audits.open_sealed_audit(self.audit_key, sealed, self.params)
+        except audits.AuditError as exc:
+            return pb.AuditAck(accepted=False, reason=str(exc))
+        return self.submit(data, channel)
 
     def submit(self, data: bytes, channel: str) -> pb.AuditAck:
         """Admit one submission that arrived over `channel` (the overlay link it came in on)."""
@@ -89,6 +106,28 @@ class AuditService:
             done += 1
         return done
 
+    async def run(self, poll_s: float) -> None:
+        """Score what arrives, every `poll_s` seconds, until cancelled."""
+        while True:
+            await self.score_queued()
+            await asyncio.sleep(poll_s)
+
     def credibilities(self, epoch: int) -> dict[bytes, Sequence[float]]:
         """Each audited node's audit credibilities of `epoch` (node id -> scores)."""
         return {node: tuple(v) for node, v in self.results.get(epoch, {}).items()}
+
+
+def service_for(host, reference: Scorer, params: AuditParams = AUDITS) -> AuditService:
+    """The desk of a verifier node (its RunnerHost): the registry and the epoch number from
+    committed state, the member's box key as its audit key."""
+    from gentorrent.ledger.sections import decode_directory
+
+    def models() -> dict[bytes, pb.ModelEntry]:
+        code, value = host.query("/directory")
+        return {bytes(m.node_id): m for m in decode_directory(value).models} if code == 0 else {}
+
+    def epoch() -> int:
+        code, value = host.query("/epochs")
+        return pb.EpochsSection.FromString(value).epoch if code == 0 else 0
+
+    return AuditService(models, reference, epoch, params, audit_key=host.box_private)

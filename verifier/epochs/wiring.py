@@ -6,14 +6,17 @@ the honest weights; on one machine every member may point at the same one), and 
 of its own in the overlay, through which it probes model nodes exactly as a user asks. That
 user node registers itself with the committee and reads its checked directory like every
 other user node (`probe="committee"`); tests of the epochs alone may hand it a static
-directory file instead.
+directory file instead. The member's audit desk (verifier/epochs/audit_service.py) runs
+beside the runner and scores the audits users hand in with the same reference model.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from gentorrent.config import EPOCH_RUN, EpochRunParams
+from verifier.epochs.audit_service import service_for
 from verifier.epochs.reference import RemoteReference
 from verifier.epochs.runner import EpochRunner, LeaderFaults
 
@@ -38,13 +41,22 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
                         **(user_kwargs or {}))
         await user.start()
         prober = OverlayProber(user)
-    runner = EpochRunner(node.epoch_host(), reference, prober, params, faults)
+    host = node.epoch_host()
+    runner = EpochRunner(host, reference, prober, params, faults)
     if user is not None:
         runner.on_stop.append(user.stop)
+    node.audits = service_for(host, reference)
+    scoring = asyncio.ensure_future(node.audits.run(params.poll_s * 10))
+    runner.on_stop.append(lambda: _cancel(scoring))
     runner.on_stop.append(reference.close)
     node.epochs = runner
     runner.start()
     return runner
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _probe_directory(probe: Path | str, genesis, home: Path):
