@@ -49,6 +49,7 @@ __all__ = [
     "AuditMember",
     "seal_for",
     "open_sealed_audit",
+    "members_of",
 ]
 
 COMMIT_DOMAIN = b"gentorrent/audit-commitment/v1\x00"
@@ -230,3 +231,9 @@ def open_sealed_audit(private: X25519PrivateKey, blob: bytes, params: AuditParam
         return sealing.unpad(sealing.open_sealed(private, blob, SEAL_LABEL))
     except (sealing.SealError, ValueError) as exc:
         raise AuditError("a sealed audit that does not open with this member's key") from exc
+
+
+def members_of(genesis) -> dict[bytes, AuditMember]:
+    """The genesis validators that take audits (those that publish an audit key)."""
+    return {v.node_id: AuditMember(v.node_id, v.address, v.tls_cert_pem, v.audit_key)
+            for v in genesis.validators if v.audit_key}

@@ -178,3 +178,19 @@ def test_oversized_and_garbage_bytes_are_refused(world):
         audits.check_submission(b"\0" * 65, models, WINDOW, small)
     with pytest.raises(audits.AuditError, match="decode"):
         audits.check_submission(b"\xff\xff\xff", models, WINDOW)
+
+
+def test_genesis_publishes_audit_keys_and_old_genesis_files_still_load():
+    from gentorrent.ledger.genesis import Genesis, GenesisError, GenesisValidator
+
+    ident = Identity.from_seed(b"v" * 32)
+    with_key = GenesisValidator("v0", ident.public_key, 1, "127.0.0.1:7000", b"CERT", audit_key=b"\x09" * 32)
+    without = GenesisValidator("v1", Identity.from_seed(b"w" * 32).public_key, 1, "127.0.0.1:7001", b"CERT")
+    genesis = Genesis("c", 1, (with_key, without))
+    again = Genesis.loads(genesis.dumps())
+    assert again.validators == genesis.validators and "audit_key" not in without.to_json()
+    members = audits.members_of(again)
+    assert list(members) == [ident.node_id] and members[ident.node_id].audit_key == b"\x09" * 32
+    bad = with_key.to_json() | {"audit_key": "AAAA"}
+    with pytest.raises(GenesisError, match="audit_key"):
+        GenesisValidator.from_json(bad)

@@ -25,7 +25,7 @@ from gentorrent.crypto.keys import NodeKeys
 from gentorrent.channels import ChannelPool
 from gentorrent.ledger.peers import PeerIndex
 from user_client.relay import Relay, Tap
-from gentorrent.audits import AuditMember
+from gentorrent.audits import AuditMember, members_of
 from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
@@ -63,7 +63,8 @@ class UserNode:
         what this relay names as its return address. `audits`: whether (user_enabled) and at
         which rate this node's own asks are audited (user_client/auditing.py); `committee`: the
         members that take audits (with their audit keys): this node hands its audits to them
-        over its paths, and as a proxy hands others' on; None: audits wait in the outbox."""
+        over its paths, and as a proxy hands others' on; None: the members of the committee
+        directory's genesis that publish an audit key (none: audits wait in the outbox)."""
         self.home = Path(home)
         self.directory = directory
         self.listen = listen
@@ -88,6 +89,9 @@ class UserNode:
         self.channels = ChannelPool(own=self.tls)  # relays ask for it: mutual TLS on every link
         self._last_miss_refresh = 0.0
         self.auditor = Auditor(audits, rng=rng)
+        genesis = getattr(directory, "genesis", None)  # a committee directory: its genesis' audit keys
+        if committee is None and genesis is not None and members_of(genesis):
+            committee = lambda: members_of(genesis)  # noqa: E731
         self.committee = committee
         self.audit_channel: OverlayAuditChannel | None = None
         self._flush: asyncio.Task | None = None

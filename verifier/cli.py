@@ -62,7 +62,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         tls = TlsIdentity.load_or_create(home, keys.identity)
         listen = f"{args.host}:{args.base_port + i}"
         NodeConfig(moniker=f"v{i}", listen=listen, timeouts=args.timeouts).save(home)
-        validators.append(GenesisValidator(f"v{i}", keys.identity.public_key, 1, listen, tls.cert_pem))
+        validators.append(GenesisValidator(f"v{i}", keys.identity.public_key, 1, listen, tls.cert_pem,
+                                           audit_key=keys.onion.public_key))  # its box key: audits
     app_state = {"registry": {"lease_s": args.lease_s}} if args.lease_s is not None else {}
     try:
         genesis = Genesis(args.chain_id, int(time.time() * 1000), tuple(validators), app_state)

@@ -53,6 +53,7 @@ class GenesisValidator:
     power: int
     address: str  # host:port of the verifier's gRPC/TLS endpoint
     tls_cert_pem: bytes
+    audit_key: bytes = b""  # X25519: users seal audits of real replies to it (optional; gentorrent/audits.py)
 
     @property
     def node_id(self) -> bytes:
@@ -70,13 +71,14 @@ class GenesisValidator:
             "power": self.power,
             "address": self.address,
             "tls_cert_pem": self.tls_cert_pem.decode(),
+            **({"audit_key": base64.b64encode(self.audit_key).decode()} if self.audit_key else {}),
         }
 
     @classmethod
     def from_json(cls, obj: Any) -> "GenesisValidator":
         if not isinstance(obj, dict):
             raise GenesisError("a validator must be a JSON object")
-        _only_keys(obj, {"name", "public_key", "power", "address", "tls_cert_pem"}, "validator")
+        _only_keys(obj, {"name", "public_key", "power", "address", "tls_cert_pem", "audit_key"}, "validator")
         try:
             public_key = base64.b64decode(_str(obj, "public_key"), validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -92,7 +94,20 @@ class GenesisValidator:
             power=power,
             address=_str(obj, "address"),
             tls_cert_pem=_str(obj, "tls_cert_pem").encode(),
+            audit_key=_audit_key(obj),
         )
+
+
+def _audit_key(obj: dict) -> bytes:
+    if "audit_key" not in obj:
+        return b""
+    try:
+        key = base64.b64decode(_str(obj, "audit_key"), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise GenesisError(f"validator audit_key is not base64: {exc}") from exc
+    if len(key) != PUBLIC_KEY_BYTES:
+        raise GenesisError(f"validator audit_key must be {PUBLIC_KEY_BYTES} bytes, got {len(key)}")
+    return key
 
 
 @dataclass(frozen=True)
