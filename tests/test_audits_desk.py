@@ -208,3 +208,39 @@ def test_sealed_audits_open_only_with_the_members_key(node, models):
     assert not ack.accepted and "key" in ack.reason and not other.desk.queue
     assert not service.submit_sealed(b"\0" * 40, "proxy").accepted
     assert service.submit_sealed(sealed, "proxy").accepted and len(service.desk.queue) == 1
+
+
+async def test_a_verifier_with_epochs_runs_an_audit_desk_and_stops_it(tmp_path):
+    """attach_epochs gives the node its desk (keyed with the member's box key) and a scoring
+    task that stops with the runner; the node answers SubmitAudit through it."""
+    from verifier.epochs.runner import RunnerHost
+    from verifier.epochs.wiring import attach_epochs
+
+    box = X25519PrivateKey.from_private_bytes(b"b" * 32)
+
+    async def submit(tx):
+        return 0, ""
+
+    async def send_private(key, payload):
+        return True
+
+    class Node:
+        home = tmp_path
+        epochs = audits = None
+
+        def epoch_host(self):
+            return RunnerHost(Identity.from_seed(b"v" * 32), box, box.public_key().public_bytes_raw(), "c",
+                              set(), lambda path: (1, b""), submit, send_private)
+
+    class Reference(SyntheticReference):
+        async def close(self):
+            pass
+
+    node = Node()
+    runner = await attach_epochs(node, Reference(), None)
+    try:
+        assert node.audits.audit_key is box
+        ack = node.audits.submit_sealed(b"\0" * 64, "proxy")
+        assert not ack.accepted and "key" in ack.reason
+    finally:
+        await runner.stop()
