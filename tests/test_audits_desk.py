@@ -20,7 +20,7 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from tests.test_epochs_scoring import reference_logits, sample, view
 from verifier.epochs import reputation as rep
 from verifier.epochs.audit_service import AuditService
-from verifier.epochs.audits import AuditDesk, AuditRefused, fold_credibility, sampling_spec_of
+from verifier.epochs.audits import AuditDesk, AuditRefused, agree_audit_scores, fold_credibility, sampling_spec_of
 
 MODEL = "smollm2-135m"
 NOW = 1_800_000_000_000
@@ -244,3 +244,17 @@ async def test_a_verifier_with_epochs_runs_an_audit_desk_and_stops_it(tmp_path):
         assert not ack.accepted and "key" in ack.reason
     finally:
         await runner.stop()
+
+
+def test_attack_a_faulty_minority_cannot_frame_or_shield_through_audit_reports():
+    honest, cheater = b"h" * 32, b"c" * 32
+    reports = {  # 4 members, f = 1 faulty ("m3"): it reports the honest node 0, the cheater 1
+        "m0": {honest: 0.98, cheater: 0.05}, "m1": {honest: 1.0, cheater: 0.1},
+        "m2": {honest: 0.97, cheater: 0.0}, "m3": {honest: 0.0, cheater: 1.0},
+    }
+    agreed = agree_audit_scores(reports, 4)
+    assert agreed[honest] >= 0.97 and agreed[cheater] <= 0.1
+    # the faulty member alone, or with one honest member, decides nothing
+    assert agree_audit_scores({"m3": {honest: 0.0}, "m0": {honest: 0.0}}, 4) == {}
+    with pytest.raises(ValueError):
+        agree_audit_scores({"m0": {honest: 2.0}}, 1)

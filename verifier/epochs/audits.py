@@ -37,7 +37,8 @@ from gentorrent.config import AUDITS, AuditParams
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
 
-__all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_credibility", "fold_credibility"]
+__all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_credibility", "fold_credibility",
+           "agree_audit_scores"]
 
 
 class AuditRefused(ValueError):
@@ -106,3 +107,22 @@ def fold_credibility(challenge: float | None, audit_scores: Sequence[float]) -> 
     if challenge is None:
         return pooled
     return challenge if pooled is None else min(challenge, pooled)
+
+
+def agree_audit_scores(reports: Mapping[str, Mapping[bytes, float]], committee_size: int) -> dict[bytes, float]:
+    """The committee's audit score per node from its members' reports (member -> node -> the
+    mean of the audits that member scored): for a node that more than 2/3 of the members
+    report, the median report. Fewer reporters: no audit score (a minority, possibly all
+    faulty, must not decide). With at most f < N/3 faulty members, faulty reports are fewer
+    than half of any such set, so the median lies within the honest members' reports: a
+    faulty minority can neither frame an honest node nor shield a cheater."""
+    if committee_size < 1 or len(reports) > committee_size:
+        raise ValueError("more reporting members than the committee has")
+    by_node: dict[bytes, list[float]] = {}
+    for scores in reports.values():
+        for node, value in scores.items():
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ValueError("audit scores are in [0, 1]")
+            by_node.setdefault(node, []).append(float(value))
+    return {node: sorted(values)[(len(values) - 1) // 2]
+            for node, values in sorted(by_node.items()) if 3 * len(values) > 2 * committee_size}
