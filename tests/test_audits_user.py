@@ -134,8 +134,8 @@ class _Member(rpc.VerifierServicer):
 async def test_a_real_ask_is_audited_and_handed_in_through_the_overlay(tmp_path):
     """Real user nodes, 4 paths of 3 hops, the echo model node's real intake and receipts: the
     commitment travels in the request and the model node signs it unawares; the audited ask
-    goes, sealed, over one of the user's paths to a proxy that hands it to the committee
-    member, whose desk admits it. No relay sees the prompt; the member is called by a proxy."""
+    goes, sealed to each committee member, over the user's paths to proxies that hand it to the
+    members, whose desks admit it. No relay sees the prompt; members are called by proxies."""
     cloves = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
     fast = OverlayParams(first_reply_timeout_s=8.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
                          establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
@@ -143,11 +143,15 @@ async def test_a_real_ask_is_audited_and_handed_in_through_the_overlay(tmp_path)
     model = EchoModelNode(tmp_path / "model", directory, cloves=cloves, params=fast)
     await model.start()
     static = StaticDirectory(directory)
-    member = _Member(tmp_path / "member", lambda: {m.node_id: m for m in static.models()})
-    server, port = tls.new_server(member.tls, "127.0.0.1:0")
-    rpc.add_VerifierServicer_to_server(member, server)
-    await server.start()
-    members = {member.keys.identity.node_id: member.member(f"127.0.0.1:{port}")}
+    committee, servers, members = [], [], {}
+    for i in range(3):
+        member = _Member(tmp_path / f"member{i}", lambda: {m.node_id: m for m in static.models()})
+        server, port = tls.new_server(member.tls, "127.0.0.1:0")
+        rpc.add_VerifierServicer_to_server(member, server)
+        await server.start()
+        committee.append(member)
+        servers.append(server)
+        members[member.keys.identity.node_id] = member.member(f"127.0.0.1:{port}")
     nodes = await start_user_nodes(13, directory, tmp_path, cloves=cloves, params=fast, maintain=False,
                                    audits=ALWAYS, committee=lambda: members)
     seen: list[bytes] = []
@@ -164,9 +168,10 @@ async def test_a_real_ask_is_audited_and_handed_in_through_the_overlay(tmp_path)
         assert model.requests[0].audit_commitment == answer.request.audit_commitment
         assert len(me.auditor.outbox) == 2
         assert await me.auditor.flush(me.audit_channel, max_delay_s=0) == 2
-        await asyncio.wait_for(_arrivals(member, 2), 30)
-        assert len(member.service.desk.queue) == 2, [p for p in member.peers]
-        assert {a.node_id for a in member.service.desk.queue} == {model.keys.identity.node_id}
+        for member in committee:  # every member gets both audits, to score and agree on
+            await asyncio.wait_for(_arrivals(member, 2), 30)
+            assert len(member.service.desk.queue) == 2, member.peers
+            assert {a.node_id for a in member.service.desk.queue} == {model.keys.identity.node_id}
         proxies = [n for n in nodes if n.relay.handoff.counts["accepted"]]
         assert proxies and me not in proxies  # the member was called by proxies, never by the asker
         assert not any(prompt.encode() in blob for blob in seen)  # sealed all the way
@@ -179,7 +184,8 @@ async def test_a_real_ask_is_audited_and_handed_in_through_the_overlay(tmp_path)
         for node in nodes:
             await node.stop()
         await model.stop()
-        await server.stop(None)
+        for server in servers:
+            await server.stop(None)
 
 
 async def _arrivals(member: _Member, count: int) -> None:

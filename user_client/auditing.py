@@ -112,34 +112,42 @@ class Auditor:
 
 
 class OverlayAuditChannel:
-    """Hands a submission to a random committee member through one of this node's proxy
-    paths: sealed to the member's audit key, wrapped in the path's layers like a clove of an
-    ask, with the member named where a model node would be (the proxy hands it on:
-    user_client/audit_handoff.py). Delivery is acknowledged hop by hop, like every clove: the
-    ack says the first hop took it, not what the member decided."""
+    """Hands a submission to every committee member that takes audits (so that more than 2/3
+    of them score the same audits and agree: verifier/epochs/audits.agree_audit_scores),
+    each copy sealed to its member's audit key and sent over one of this node's proxy paths
+    (a different one per member while there are enough), wrapped in the path's layers like a
+    clove of an ask, with the member named where a model node would be (the proxy hands it
+    on: user_client/audit_handoff.py). Delivery is acknowledged hop by hop, like every clove:
+    an ack says the first hop took the copy, not what the member decided."""
 
     def __init__(self, paths: "PathManager", members: Callable[[], Mapping[bytes, audits.AuditMember]],
-                 rng: random.Random | None = None, timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0) -> None:
         self.paths, self.members, self.timeout_s = paths, members, timeout_s
-        self.rng = rng or random.SystemRandom()
 
     async def submit(self, data: bytes) -> pb.AuditAck:
         members = sorted(self.members().values(), key=lambda m: m.node_id)
         if not members:
             raise ConnectionError("no committee member takes audits")
-        member = self.rng.choice(members)
-        picked = await self.paths.pick(1)
-        if not picked:
+        paths = await self.paths.pick(len(members))
+        if not paths:
             raise ConnectionError("no proxy path to hand an audit in")
-        path = picked[0]
+        sent = await asyncio.gather(*(self._send(m, paths[i % len(paths)], data) for i, m in enumerate(members)))
+        if 3 * sum(sent) <= 2 * len(members):
+            raise ConnectionError(f"only {sum(sent)} of {len(members)} members' copies left this node")
+        return pb.AuditAck(accepted=True)
+
+    async def _send(self, member: audits.AuditMember, path, data: bytes) -> bool:
         instruction = pb.ProxyInstruction(committee_member=member.node_id, payload=audits.seal_for(member, data))
         blob = onion.wrap_forward(path.secrets, instruction.SerializeToString(), path.take_seq())
         link = self.paths.relay.hub.link_to(path.first_hop)
         if link is None:
-            raise ConnectionError("the path's first relay left the directory")
+            return False
         ack = link.send(True, [pb.Clove(link_id=path.first_link, payload=blob)], ack=True)
-        result = await asyncio.wait_for(ack, self.timeout_s)
+        try:
+            result = await asyncio.wait_for(ack, self.timeout_s)
+        except asyncio.TimeoutError:
+            result = None
         if result != []:
             self.paths.mark_failed(path)
-            raise ConnectionError(f"the path's first relay did not take the audit: {result}")
-        return pb.AuditAck(accepted=True)
+            return False
+        return True

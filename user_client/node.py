@@ -126,7 +126,7 @@ class UserNode:
                                  self.cloves, self.params, rng=self.rng)
         self.asker = Asker(self.directory, self.paths, self.cloves, self.params, rng=self.rng)
         if self.committee:
-            self.audit_channel = OverlayAuditChannel(self.paths, self.committee, rng=self.rng)
+            self.audit_channel = OverlayAuditChannel(self.paths, self.committee)
         if build_paths:
             await self.paths.fill()
         if self.maintain:
