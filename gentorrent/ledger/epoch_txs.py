@@ -1,7 +1,7 @@
 """Verification-epoch transactions: builders and their stateless checks.
 
-Six kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in TxBody fields
-20..25. What each one means, and the stateful rules, are in verifier.epochs.rules:
+Seven kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in TxBody fields
+20..26. What each one means, and the stateful rules, are in verifier.epochs.rules:
 
     epoch_member_keys   a member's VRF key (leader election) and X25519 key (private reveals)
     epoch_vrf_proof     a member's ECVRF proof for the election of one epoch
@@ -9,6 +9,7 @@ Six kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in TxB
     epoch_replies       the leader's collected signed replies (or missing-reply reports)
     epoch_attestation   a member's own re-scoring of every reply with its reference model
     epoch_probe_report  a member's own probe of a node the leader reported missing
+    epoch_audit_report  a member's mean score per node of the users' audits it scored
 
 Scores travel as integer micro-units so that the agreed result (a median) and everything
 derived from it is bit-identical on every member.
@@ -23,7 +24,7 @@ from gentorrent.crypto.keys import Identity
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger.signed_tx import CODE_INVALID_FIELD, TxError, body, sign
 
-__all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "validate",
+__all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "audit_report", "validate",
            "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "to_micros"]
 
 SCORE_SCALE = 1_000_000
@@ -81,6 +82,14 @@ def probe_report(identity: Identity, epoch: int, node_id: bytes, ok: bool, seque
                  chain_id: str) -> bytes:
     msg = pb.EpochProbeReport(epoch=epoch, node_id=node_id, ok=ok)
     return _build(identity, sequence, "epoch_probe_report", msg, chain_id)
+
+
+def audit_report(identity: Identity, epoch: int, scores: Sequence[tuple[bytes, int]], receipts_digest: bytes,
+                 sequence: int, *, chain_id: str) -> bytes:
+    """`scores`: (model node id, mean audit credibility in micros)."""
+    msg = pb.EpochAuditReport(epoch=epoch, scores=[pb.NodeScore(node_id=n, score_micros=s) for n, s in sorted(scores)],
+                              receipts_digest=receipts_digest)
+    return _build(identity, sequence, "epoch_audit_report", msg, chain_id)
 
 
 def _build(identity: Identity, sequence: int, kind: str, msg, chain_id: str) -> bytes:
@@ -142,5 +151,13 @@ def validate(kind: str, m) -> None:
     elif kind == "epoch_probe_report":
         if len(m.node_id) != NODE_ID_BYTES:
             raise _bad(f"node ids are {NODE_ID_BYTES} bytes")
+    elif kind == "epoch_audit_report":
+        if not m.scores or len(m.scores) > EPOCHS.max_probed_nodes:
+            raise _bad(f"an audit report scores 1 to {EPOCHS.max_probed_nodes} nodes")
+        _check_ids_sorted_unique([s.node_id for s in m.scores], "audit report")
+        if any(s.score_micros > SCORE_SCALE or s.verdict != VERDICT_SCORED for s in m.scores):
+            raise _bad("audit scores are scored (verdict 0) micros <= 1e6")
+        if len(m.receipts_digest) != 32:
+            raise _bad("the receipts digest is a 32-byte SHA-256")
     else:  # pragma: no cover - txs.decode_tx only passes epoch kinds here
         raise _bad(f"unknown epoch kind {kind}")

@@ -31,9 +31,9 @@ MODEL_KINDS = ("register_model", "update_model", "deregister_model")
 #: renews every registration of its signer (user and model records alike) by one lease
 LEASE_KINDS = ("renew_lease",)
 KINDS = USER_KINDS + MODEL_KINDS + LEASE_KINDS
-#: verification-epoch kinds (TxBody fields 20..25; rules in verifier.epochs.rules)
+#: verification-epoch kinds (TxBody fields 20..26; rules in verifier.epochs.rules)
 EPOCH_KINDS = ("epoch_member_keys", "epoch_vrf_proof", "epoch_plan", "epoch_replies", "epoch_attestation",
-               "epoch_probe_report")
+               "epoch_probe_report", "epoch_audit_report")
 #: kinds only committee members may sign
 COMMITTEE_KINDS: frozenset[str] = frozenset(EPOCH_KINDS)
 

@@ -10,7 +10,9 @@ the allowed skew.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import math
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -18,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gentorrent import audits
 from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
+from gentorrent.ledger.epoch_txs import SCORE_SCALE
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility
 from verifier.epochs.scoring import ScoringError, TokenScores
@@ -55,6 +58,8 @@ class AuditService:
         self.desk = AuditDesk(epoch(), params)
         self._scored = 0  # queue entries of the current desk already scored
         self.results: dict[int, dict[bytes, list[float]]] = {}
+        self._unreported: dict[bytes, list[float]] = {}  # scored since the last report
+        self._unreported_keys: list[bytes] = []
 
     def _roll(self) -> None:
         current = self.epoch()
@@ -103,6 +108,8 @@ class AuditService:
                 log.info("audit of %s not scored: %s", audit.node_id.hex()[:16], exc)
                 continue
             self.results.setdefault(epoch, {}).setdefault(audit.node_id, []).append(value)
+            self._unreported.setdefault(audit.node_id, []).append(value)
+            self._unreported_keys.append(audit.key)
             done += 1
         return done
 
@@ -111,6 +118,16 @@ class AuditService:
         while True:
             await self.score_queued()
             await asyncio.sleep(poll_s)
+
+    def take_report(self) -> tuple[list[tuple[bytes, int]], bytes]:
+        """What this member reports on chain: per node, the mean credibility (micros) of the
+        audits scored since the last report, and a digest of their receipts; then forgets
+        them (an audit scored after a report goes into the next one)."""
+        scores = sorted((node, int(round(math.fsum(v) / len(v) * SCORE_SCALE)))
+                        for node, v in self._unreported.items())
+        digest = hashlib.sha256(b"".join(sorted(self._unreported_keys))).digest()
+        self._unreported, self._unreported_keys = {}, []
+        return scores, digest
 
     def credibilities(self, epoch: int) -> dict[bytes, Sequence[float]]:
         """Each audited node's audit credibilities of `epoch` (node id -> scores)."""

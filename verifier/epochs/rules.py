@@ -49,6 +49,7 @@ from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_PROMPT_MISMATCH, VE
 from gentorrent.ledger.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
+from verifier.epochs.audits import agree_audit_scores, fold_credibility
 from verifier.epochs.challenges import ChallengeEntry, ChallengeError, ChallengePlan, check_plan
 from verifier.epochs.epoch import EpochRecord, node_decision
 
@@ -142,6 +143,8 @@ def next_section(view: StateView, tx: Tx) -> pb.EpochsSection:
         _attestation(view, sec, tx.signer, m)
     elif tx.kind == "epoch_probe_report":
         _probe_report(view, sec, tx.signer, m)
+    elif tx.kind == "epoch_audit_report":
+        _audit_report(sec, tx.signer, m)
     else:  # pragma: no cover
         raise AssertionError(tx.kind)
     return sec
@@ -357,6 +360,17 @@ def end_block(view: StateView, block_hash: bytes, params: EpochRunParams = EPOCH
     view.epochs = sec
 
 
+def _audit_report(sec: pb.EpochsSection, signer: bytes, m: pb.EpochAuditReport) -> None:
+    """A member's audit scores, once per member per epoch, until the epoch is decided."""
+    cur = _check_epoch(sec, m.epoch, PROBING, ATTESTING, RESOLVING)
+    if _member(sec, signer) is None:
+        raise _bad("audit reports come from members with registered epoch keys")
+    if any(r.public_key == signer for r in cur.audit_reports):
+        raise _bad("this member already reported its audits this epoch")
+    cur.audit_reports.append(pb.AuditReportEntry(public_key=signer, scores=m.scores,
+                                                 receipts_digest=m.receipts_digest))
+
+
 def _open(view: StateView, sec: pb.EpochsSection, epoch: int, seed: bytes) -> None:
     sec.epoch = epoch
     sec.current.CopyFrom(pb.EpochStateEntry(epoch=epoch, phase=ELECTING, seed=seed, phase_started_ms=view.time_ms,
@@ -370,6 +384,10 @@ def _credibilities(view: StateView, sec: pb.EpochsSection) -> dict[bytes, float]
     for r in cur.replies:
         if r.missing and node_decision(rec, r.node_id.hex()) == "punish":
             out[r.node_id] = 0.0
+    reports = {e.public_key.hex(): {s.node_id: s.score_micros / SCORE_SCALE for s in e.scores}
+               for e in cur.audit_reports}
+    for node_id, audited in agree_audit_scores(reports, len(view.validators)).items():
+        out[node_id] = fold_credibility(out.get(node_id), [audited])
     return out
 
 

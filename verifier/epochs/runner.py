@@ -124,6 +124,8 @@ class EpochRunner:
         self._task: asyncio.Task | None = None
         self.log: list[str] = []  # what it did, for status and tests
         self.on_stop: list[Callable[[], Awaitable[None]]] = []  # closes what was started for it
+        self.audits = None  # this member's audit desk (verifier.epochs.audit_service), when it runs one
+        self._audits_reported: set[int] = set()
 
     # ------------------------------------------------------------------ life
 
@@ -204,6 +206,7 @@ class EpochRunner:
             del self._reveals[old]
         for old in [k for k in self._prepared if k < e]:
             del self._prepared[old]
+        self._audits_reported = {k for k in self._audits_reported if k >= e - 1}
         if phase == rules.ELECTING:
             # every member writes its questions while the election runs: whoever leads plans at once
             self._spawn((e, "prepare"), self._prepare(e))
@@ -212,7 +215,7 @@ class EpochRunner:
         elif phase == rules.PLANNING and leader:
             self._spawn((e, "lead"), self._lead(e))
         elif phase == rules.ATTESTING and not any(a.public_key == self.me for a in cur.attestations):
-            self._spawn((e, "attest"), self._attest(e, cur))
+            self._spawn((e, "attest"), self._report_and_attest(e, cur))
         if phase in (rules.ATTESTING, rules.RESOLVING) and not leader:
             for r in cur.replies:
                 reported = any(p.node_id == r.node_id and p.public_key == self.me for p in cur.probes)
@@ -365,6 +368,24 @@ class EpochRunner:
         return answer
 
     # ------------------------------------------------------------------ attesting
+
+    async def _report_and_attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
+        """The audit report goes first: the attestation that completes the quorum settles the
+        epoch, and a report after that would be too late."""
+        if self.audits is not None and epoch not in self._audits_reported:
+            self._audits_reported.add(epoch)
+            await self._report_audits(epoch)
+        return await self._attest(epoch, cur)
+
+    async def _report_audits(self, epoch: int) -> bool:
+        """Post the scores of the users' audits this member received (nothing if none)."""
+        await self.audits.score_queued()
+        scores, digest = self.audits.take_report()
+        if not scores:
+            return True
+        ident = self.host.identity
+        return await self._submit(lambda s, c: epoch_txs.audit_report(ident, epoch, scores, digest, s, chain_id=c),
+                                  f"epoch {epoch} audit report ({len(scores)} nodes)")
 
     async def _attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
         reveals = await self._await_reveals(epoch, cur)

@@ -1,0 +1,104 @@
+"""Audits in live epochs: four in-process verifier nodes (real consensus, real epoch rules),
+scripted model nodes and reference. A model node that answers every challenge honestly but
+its users' real asks with wrong tokens is untrusted through the audits of those asks; an
+honest node whose real asks are audited keeps its reputation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from gentorrent import audits, generation, receipts
+from gentorrent.config import REPUTATION
+from gentorrent.crypto.keys import Identity
+from gentorrent.ledger.sections import DirectoryFormatError
+from testkit.epochs import CHEAT_TOKENS, HONEST_TOKENS, MODEL, EpochCommittee, ScriptedModels, ScriptedReference
+from verifier.epochs.audit_service import service_for
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
+
+
+def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str) -> bytes:
+    """One real ask of `node` that its user's draw selected for audit (the node cannot tell)."""
+    probe = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL)
+    while True:
+        ticket = audits.AuditTicket(rng.randbytes(32))
+        if ticket.selects(probe):
+            break
+    request = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL,
+                                      temperature=0.0, max_tokens=16, audit_commitment=ticket.commitment)
+    receipt = receipts.make_receipt(node, MODEL, request, tokens, int(time.time() * 1000))
+    return audits.make_submission(request, tokens, receipt, ticket).SerializeToString()
+
+
+async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int]]]) -> None:
+    """Users' audits keep arriving at every member (as proxies would hand them in)."""
+    rng = random.Random(5)
+    i = 0
+    while True:
+        for name, (node, tokens) in asks.items():
+            data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}")
+            for runner in committee.runners:
+                runner.audits.submit(data, f"proxy-{i % 5}")
+        i += 1
+        await asyncio.sleep(0.5)
+
+
+def _trusted(committee: EpochCommittee, ident: Identity) -> bool:
+    try:
+        return committee.model(ident).trusted
+    except DirectoryFormatError:  # not registered yet
+        return True
+
+
+async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(tmp_path):
+    models = ScriptedModels()
+    sly = models.add("honest")  # every challenge is answered honestly...
+    honest = models.add("honest")
+    committee = EpochCommittee(tmp_path)
+    await committee.start(models)
+    for node, runner in zip(committee.nodes, committee.runners):
+        runner.audits = node.audits = service_for(node.epoch_host(), ScriptedReference())
+    feeding = None
+    try:
+        await committee.register(sly, 9001)
+        await committee.register(honest, 9002)
+        # ...but the real asks of its users get wrong tokens
+        feeding = asyncio.ensure_future(_users(committee, {"sly": (sly, CHEAT_TOKENS),
+                                                           "honest": (honest, HONEST_TOKENS)}))
+        deadline = time.monotonic() + 240
+        while _trusted(committee, sly) and len(committee.section().history) < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        sec = committee.section()
+        done = [h for h in sec.history if h.phase == "done"]
+        assert not committee.model(sly).trusted, [r.log[-6:] for r in committee.runners]
+        assert len(done) <= 5
+        assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
+        assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
+    finally:
+        if feeding is not None:
+            feeding.cancel()
+        await committee.stop()
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda m: m.ClearField("scores"), "1 to"),
+    (lambda m: m.scores.add(node_id=b"\0" * 32, score_micros=5), "sorted"),
+    (lambda m: setattr(m.scores[0], "score_micros", 1_000_001), "micros"),
+    (lambda m: setattr(m.scores[0], "verdict", 1), "verdict"),
+    (lambda m: setattr(m, "receipts_digest", b"x"), "digest"),
+])
+def test_malformed_audit_reports_are_refused(mutate, reason):
+    from gentorrent.ledger import epoch_txs
+    from gentorrent.ledger.txs import TxError
+    from gentorrent.wire import gentorrent_pb2 as pb
+
+    m = pb.EpochAuditReport(epoch=3, receipts_digest=b"d" * 32,
+                            scores=[pb.NodeScore(node_id=b"\1" * 32, score_micros=900_000)])
+    epoch_txs.validate("epoch_audit_report", m)
+    mutate(m)
+    with pytest.raises(TxError, match=reason):
+        epoch_txs.validate("epoch_audit_report", m)
