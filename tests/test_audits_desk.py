@@ -165,11 +165,21 @@ def test_a_node_that_cheats_only_on_real_traffic_is_caught_by_audits(node):
 def test_fold_credibility():
     assert fold_credibility(None, []) is None
     assert fold_credibility(0.8, []) == 0.8
-    assert fold_credibility(None, [1.0, 0.5]) == 0.75
-    assert fold_credibility(0.9, [1.0, 0.0]) == 0.5
+    assert fold_credibility(None, [0.5]) == 0.5
+    assert fold_credibility(None, [1.0, 0.5]) == 1.0  # one odd reply of two is honest noise
+    assert fold_credibility(0.9, [1.0, 0.0, 0.1]) == 0.1  # two are not
     assert fold_credibility(0.3, [1.0]) == 0.3
     with pytest.raises(ValueError):
         fold_credibility(1.0, [1.5])
+
+
+def test_attack_a_cheater_cannot_dilute_its_bad_audits_with_audits_of_itself(node):
+    """The cheater asks itself and hands in audits of its own honest replies (up to the
+    per-node cap) next to its users' audits of its bad ones: two bad replies still count."""
+    own = _scored(Users(node, seed=21), [f"self-ask {i}" for i in range(12)], 0.7)
+    real = _scored(Users(node, "cheat", seed=22), [f"real ask {i}" for i in range(3)], 0.7)
+    assert fold_credibility(1.0, own + real) < REPUTATION.abnormal_threshold
+    assert sum(own + real) / len(own + real) > REPUTATION.abnormal_threshold  # a mean would be fooled
 
 
 def test_sampling_spec_follows_what_the_node_signed():

@@ -9,7 +9,7 @@ Seven kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in T
     epoch_replies       the leader's collected signed replies (or missing-reply reports)
     epoch_attestation   a member's own re-scoring of every reply with its reference model
     epoch_probe_report  a member's own probe of a node the leader reported missing
-    epoch_audit_report  a member's mean score per node of the users' audits it scored
+    epoch_audit_report  a member's score per node of the users' audits it scored
 
 Scores travel as integer micro-units so that the agreed result (a median) and everything
 derived from it is bit-identical on every member.
@@ -86,7 +86,7 @@ def probe_report(identity: Identity, epoch: int, node_id: bytes, ok: bool, seque
 
 def audit_report(identity: Identity, epoch: int, scores: Sequence[tuple[bytes, int]], receipts_digest: bytes,
                  sequence: int, *, chain_id: str) -> bytes:
-    """`scores`: (model node id, mean audit credibility in micros)."""
+    """`scores`: (model node id, audit score in micros: verifier.epochs.audits.audit_score)."""
     msg = pb.EpochAuditReport(epoch=epoch, scores=[pb.NodeScore(node_id=n, score_micros=s) for n, s in sorted(scores)],
                               receipts_digest=receipts_digest)
     return _build(identity, sequence, "epoch_audit_report", msg, chain_id)

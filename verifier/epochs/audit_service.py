@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -22,7 +21,7 @@ from gentorrent import audits
 from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
 from gentorrent.ledger.epoch_txs import SCORE_SCALE
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility
+from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility, audit_score
 from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
@@ -120,11 +119,10 @@ class AuditService:
             await asyncio.sleep(poll_s)
 
     def take_report(self) -> tuple[list[tuple[bytes, int]], bytes]:
-        """What this member reports on chain: per node, the mean credibility (micros) of the
-        audits scored since the last report, and a digest of their receipts; then forgets
+        """What this member reports on chain: per node, the audit score (micros; audits.
+        audit_score) of the audits scored since the last report, and a digest of their receipts; then forgets
         them (an audit scored after a report goes into the next one)."""
-        scores = sorted((node, int(round(math.fsum(v) / len(v) * SCORE_SCALE)))
-                        for node, v in self._unreported.items())
+        scores = sorted((node, int(round(audit_score(v) * SCORE_SCALE))) for node, v in self._unreported.items())
         digest = hashlib.sha256(b"".join(sorted(self._unreported_keys))).digest()
         self._unreported, self._unreported_keys = {}, []
         return scores, digest

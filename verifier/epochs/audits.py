@@ -15,11 +15,15 @@ checks that a submission is one of them). The desk adds what needs an epoch's me
   signed. An honest node's reply scores ~1 whatever the prompt, so an audit cannot frame it:
   the tokens scored are the ones the node signed, under the parameters it signed.
 
-How audits weigh in an epoch (`fold_credibility`): the node's epoch credibility is the lower
-of its challenge credibility and the MEAN of its audit credibilities. A node that answers real
-traffic worse than challenges is caught by the mean; honest noise is not amplified by the
-number of audits (the mean of several honest scores is tighter than one, whereas a minimum
-over many replies would punish honest nodes more often the more they are audited).
+How audits weigh in an epoch (`audit_score`, `fold_credibility`): a node's audit score is
+the SECOND-LOWEST credibility of its audits (the only one when there is one), and its epoch
+credibility the lower of that and its challenge credibility. Why not the mean: a cheater can
+hand in audits of its own honest replies (it can ask itself) and dilute a mean at will, while
+two bad real replies stay two bad replies however many good ones it adds. Why not the
+minimum: honest noise would then punish a node more often the more it is audited; the second
+lowest falls under tau for an honest node with probability ~ C(k, 2) p^2 (p the per-reply
+rate, k audits), negligible for the per-node cap of 16, and a node cheating on a share s of
+its real traffic is caught once two of its audited replies are bad.
 
 Pure: refusals change nothing (every transition returns a new desk); the shell
 (verifier/epochs/audit_service.py) holds the desk, the clock and the reference model.
@@ -37,8 +41,8 @@ from gentorrent.config import AUDITS, AuditParams
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
 
-__all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_credibility", "fold_credibility",
-           "agree_audit_scores"]
+__all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_credibility", "audit_score",
+           "fold_credibility", "agree_audit_scores"]
 
 
 class AuditRefused(ValueError):
@@ -97,21 +101,29 @@ def audit_credibility(audit: audits.CheckedAudit, scores: TokenScores) -> float:
     return score_reply(scores, sampling_spec_of(audit.request)).credibility
 
 
-def fold_credibility(challenge: float | None, audit_scores: Sequence[float]) -> float | None:
-    """A node's epoch credibility from its challenge score (None: not probed) and its audits'
-    scores: the lower of the challenge and the audits' mean (the module docstring says why)."""
-    values = [float(v) for v in audit_scores]
+def audit_score(audit_scores: Sequence[float]) -> float | None:
+    """A node's audit score: the second-lowest of its audit credibilities (the only one when
+    there is one; None without audits). The module docstring says why."""
+    values = sorted(float(v) for v in audit_scores)
     if any(not (math.isfinite(v) and 0.0 <= v <= 1.0) for v in values):
         raise ValueError("audit credibilities are in [0, 1]")
-    pooled = math.fsum(values) / len(values) if values else None
+    if not values:
+        return None
+    return values[1] if len(values) > 1 else values[0]
+
+
+def fold_credibility(challenge: float | None, audit_scores: Sequence[float]) -> float | None:
+    """A node's epoch credibility from its challenge score (None: not probed) and its audits'
+    scores: the lower of the challenge and the audit score."""
+    audited = audit_score(audit_scores)
     if challenge is None:
-        return pooled
-    return challenge if pooled is None else min(challenge, pooled)
+        return audited
+    return challenge if audited is None else min(challenge, audited)
 
 
 def agree_audit_scores(reports: Mapping[str, Mapping[bytes, float]], committee_size: int) -> dict[bytes, float]:
     """The committee's audit score per node from its members' reports (member -> node -> the
-    mean of the audits that member scored): for a node that more than 2/3 of the members
+    audit score of the audits that member scored): for a node that more than 2/3 of the members
     report, the median report. Fewer reporters: no audit score (a minority, possibly all
     faulty, must not decide). With at most f < N/3 faulty members, faulty reports are fewer
     than half of any such set, so the median lies within the honest members' reports: a

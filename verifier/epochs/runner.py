@@ -10,7 +10,7 @@ of each phase, once, by submitting signed epoch transactions to its own node:
                    member (Private RPC), then commit to them (epoch_plan)
     probing        (leader) ask every node its question through the anonymous overlay as an
                    ordinary user node, and post the signed replies or missing reports
-    attesting      first, when this member runs an audit desk, post the mean score per node
+    attesting      first, when this member runs an audit desk, post the audit score per node
                    of the users' audits it scored since its last report (epoch_audit_report);
                    then re-score every reply with this member's reference model after checking
                    that the signed receipt covers the committed prompt (epoch_attestation)
