@@ -1,5 +1,6 @@
-"""Audits in live epochs: four in-process verifier nodes (real consensus, real epoch rules),
-scripted model nodes and reference. A model node that answers every challenge honestly but
+"""Audits in live epochs: four in-process verifier nodes (real consensus, real epoch rules,
+`gt-verifier init`'s genesis with the members' audit keys, audits sealed to them and handed in
+over their SubmitAudit RPC as a proxy does), scripted model nodes and reference. A model node that answers every challenge honestly but
 its users' real asks with wrong tokens is untrusted through the audits of those asks; an
 honest node whose real asks are audited keeps its reputation."""
 
@@ -14,7 +15,11 @@ import pytest
 from gentorrent import audits, generation, receipts
 from gentorrent.config import REPUTATION
 from gentorrent.crypto.keys import Identity
+from gentorrent.crypto import tls
+from gentorrent.ledger.genesis import Genesis
 from gentorrent.ledger.sections import DirectoryFormatError
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from testkit.epochs import CHEAT_TOKENS, HONEST_TOKENS, MODEL, EpochCommittee, ScriptedModels, ScriptedReference
 from verifier.epochs.audit_service import service_for
 
@@ -34,17 +39,27 @@ def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: 
     return audits.make_submission(request, tokens, receipt, ticket).SerializeToString()
 
 
-async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int]]]) -> None:
-    """Users' audits keep arriving at every member (as proxies would hand them in)."""
+async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int]]], acks: list[str]) -> None:
+    """Users' audits keep arriving at every member, sealed to its audit key from the genesis,
+    over its SubmitAudit RPC (what a proxy does: user_client/audit_handoff.py)."""
+    members = audits.members_of(Genesis.load(committee.homes[0] / "genesis.json"))
+    assert len(members) == 4
+    channels = {m.node_id: await tls.connect(m.address, m.tls_cert_pem) for m in members.values()}
     rng = random.Random(5)
     i = 0
-    while True:
-        for name, (node, tokens) in asks.items():
-            data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}")
-            for runner in committee.runners:
-                runner.audits.submit(data, f"proxy-{i % 5}")
-        i += 1
-        await asyncio.sleep(0.5)
+    try:
+        while True:
+            for name, (node, tokens) in asks.items():
+                data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}")
+                for member in members.values():
+                    sealed = pb.SealedAudit(sealed=audits.seal_for(member, data))
+                    ack = await rpc.VerifierStub(channels[member.node_id]).SubmitAudit(sealed, timeout=10)
+                    acks.append(ack.reason)  # refused until the node's registration commits, and over the caps
+            i += 1
+            await asyncio.sleep(0.5)
+    finally:
+        for channel in channels.values():
+            await channel.close()
 
 
 def _trusted(committee: EpochCommittee, ident: Identity) -> bool:
@@ -67,8 +82,9 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
         await committee.register(sly, 9001)
         await committee.register(honest, 9002)
         # ...but the real asks of its users get wrong tokens
+        acks: list[str] = []  # the members' answers ("" = accepted)
         feeding = asyncio.ensure_future(_users(committee, {"sly": (sly, CHEAT_TOKENS),
-                                                           "honest": (honest, HONEST_TOKENS)}))
+                                                           "honest": (honest, HONEST_TOKENS)}, acks))
         deadline = time.monotonic() + 240
         while _trusted(committee, sly) and len(committee.section().history) < 6 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
@@ -78,6 +94,7 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
         assert len(done) <= 5
         assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
         assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
+        assert "" in acks and all(r == "" or "registered" in r or "no more audits" in r for r in acks), set(acks)
     finally:
         if feeding is not None:
             feeding.cancel()
@@ -94,7 +111,6 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
 def test_malformed_audit_reports_are_refused(mutate, reason):
     from gentorrent.ledger import epoch_txs
     from gentorrent.ledger.txs import TxError
-    from gentorrent.wire import gentorrent_pb2 as pb
 
     m = pb.EpochAuditReport(epoch=3, receipts_digest=b"d" * 32,
                             scores=[pb.NodeScore(node_id=b"\1" * 32, score_micros=900_000)])
