@@ -268,3 +268,14 @@ def test_attack_a_faulty_minority_cannot_frame_or_shield_through_audit_reports()
     assert agree_audit_scores({"m3": {honest: 0.0}, "m0": {honest: 0.0}}, 4) == {}
     with pytest.raises(ValueError):
         agree_audit_scores({"m0": {honest: 2.0}}, 1)
+
+
+def test_audits_admitted_before_an_epoch_change_are_still_scored(node, models):
+    epoch = [1]
+    service = AuditService(lambda: models, SyntheticReference(), epoch=lambda: epoch[0], clock_ms=lambda: NOW)
+    assert service.submit(Users(node, seed=4).audited_ask("late in epoch 1").SerializeToString(), "a").accepted
+    epoch[0] = 2
+    assert asyncio.run(service.score_queued()) == 1
+    scores, digest = service.take_report()
+    assert [n for n, _ in scores] == [node.node_id] and len(digest) == 32
+    assert service.take_report()[0] == []  # reported once

@@ -59,10 +59,12 @@ class AuditService:
         self.results: dict[int, dict[bytes, list[float]]] = {}
         self._unreported: dict[bytes, list[float]] = {}  # scored since the last report
         self._unreported_keys: list[bytes] = []
+        self._backlog: list[audits.CheckedAudit] = []  # of a previous desk, still to score
 
     def _roll(self) -> None:
         current = self.epoch()
         if current > self.desk.epoch:
+            self._backlog.extend(self.desk.queue[self._scored:])  # admitted, not scored yet: keep them
             self.desk = self.desk.next_epoch(current)
             self._scored = 0
             for old in [e for e in self.results if e < current - 1]:
@@ -96,8 +98,8 @@ class AuditService:
         """Score what was admitted since the last call; returns how many were scored. An audit
         the reference cannot score is dropped (logged), never counted against the node."""
         self._roll()
-        epoch, pending = self.desk.epoch, self.desk.queue[self._scored:]
-        self._scored = len(self.desk.queue)
+        epoch, pending = self.desk.epoch, self._backlog + list(self.desk.queue[self._scored:])
+        self._scored, self._backlog = len(self.desk.queue), []
         done = 0
         for audit in pending:
             try:
