@@ -79,12 +79,7 @@ class GenesisValidator:
         if not isinstance(obj, dict):
             raise GenesisError("a validator must be a JSON object")
         _only_keys(obj, {"name", "public_key", "power", "address", "tls_cert_pem", "audit_key"}, "validator")
-        try:
-            public_key = base64.b64decode(_str(obj, "public_key"), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise GenesisError(f"validator public_key is not base64: {exc}") from exc
-        if len(public_key) != PUBLIC_KEY_BYTES:
-            raise GenesisError(f"validator public_key must be {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+        public_key = _key(obj, "public_key")
         power = obj.get("power")
         if not isinstance(power, int) or isinstance(power, bool) or not 0 < power <= MAX_VALIDATOR_POWER:
             raise GenesisError(f"validator power must be an integer in 1..{MAX_VALIDATOR_POWER}")
@@ -94,19 +89,18 @@ class GenesisValidator:
             power=power,
             address=_str(obj, "address"),
             tls_cert_pem=_str(obj, "tls_cert_pem").encode(),
-            audit_key=_audit_key(obj),
+            audit_key=_key(obj, "audit_key") if "audit_key" in obj else b"",
         )
 
 
-def _audit_key(obj: dict) -> bytes:
-    if "audit_key" not in obj:
-        return b""
+def _key(obj: dict, name: str) -> bytes:
+    """A validator's 32-byte key field, base64."""
     try:
-        key = base64.b64decode(_str(obj, "audit_key"), validate=True)
+        key = base64.b64decode(_str(obj, name), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise GenesisError(f"validator audit_key is not base64: {exc}") from exc
+        raise GenesisError(f"validator {name} is not base64: {exc}") from exc
     if len(key) != PUBLIC_KEY_BYTES:
-        raise GenesisError(f"validator audit_key must be {PUBLIC_KEY_BYTES} bytes, got {len(key)}")
+        raise GenesisError(f"validator {name} must be {PUBLIC_KEY_BYTES} bytes, got {len(key)}")
     return key
 
 
