@@ -207,7 +207,9 @@ class EpochRunParams:
     challenge_top_p: float = 1.0
     challenge_max_tokens: int = EPOCHS.challenge_max_tokens  # (tests on a busy 2-core machine use fewer)
     question_max_tokens: int = 64  # the reference model writes a question in this many tokens
-    question_attempts: int = 6  # redraws of a question seed before a node is left out this epoch
+    question_attempts: int = 6  # redraws of a question seed per round
+    question_rounds: int = 4  # rounds of redraws for nodes still without a question (the plan must
+    # cover the whole probe set: a leader that leaves a node out is faulty)
     epoch_pause_s: float = 30.0  # a member waits this long after an epoch opens before its VRF proof (pacing)
     poll_s: float = 0.5  # the runner looks at the committed state this often
     probe_timeout_s: float = 300.0  # one challenge or own probe, end to end, in the runner

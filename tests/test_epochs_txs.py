@@ -17,7 +17,7 @@ from verifier.abci.interface import BlockContext, ValidatorInfo
 from gentorrent.ledger.sections import decode_model
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
-from verifier.epochs.challenges import commit_prompt
+from verifier.epochs.challenges import commit_prompt, epoch_probe_seed, select_probe_set
 from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.runner import FORGED_TOKENS, forged_receipt
 
@@ -150,9 +150,51 @@ def test_a_wrong_vrf_proof_or_a_non_leader_plan_is_refused_and_changes_nothing(c
     plan = [(MODELS[0].node_id, bytes(32))]
     assert chain.app.check_tx(epoch_txs.plan(other, 1, plan, 1000, chain_id=CHAIN)).code == txs.CODE_UNAUTHORIZED
     assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000, chain_id=CHAIN)).code == rules.CODE_WRONG_PHASE
-    unknown = [(bytes([9]) * 32, bytes(32))]
-    assert chain.app.check_tx(epoch_txs.plan(leader, 1, unknown, 1000, chain_id=CHAIN)).code == txs.CODE_INVALID_FIELD
+    same_prompt = [(m.node_id, bytes(32)) for m in MODELS]  # covers the probe set, one commitment twice
+    assert chain.app.check_tx(epoch_txs.plan(leader, 1, same_prompt, 1000, chain_id=CHAIN)).code == \
+        txs.CODE_INVALID_FIELD
     assert sec.epoch == chain.section.epoch
+
+
+def test_the_probe_set_is_fixed_at_the_election_from_committed_state(chain):
+    """Every registered model node (there are fewer than max_probed_nodes), stored on chain
+    before the leader plans; its seed mixes the block hash with every member's VRF output."""
+    register_keys(chain)
+    elect(chain)
+    cur = chain.section.current
+    assert sorted(cur.probe_set) == sorted(m.node_id for m in MODELS)
+    outputs = [vrf.proof_to_hash(p.proof) for p in sorted(cur.proofs, key=lambda p: p.public_key)]
+    seed = epoch_probe_seed(cur.seed, outputs)
+    assert seed != epoch_probe_seed(cur.seed, outputs[:-1])  # the last member's output counts too
+    many = [bytes([i]) * 32 for i in range(10)]
+    sample = select_probe_set([n.hex() for n in many], seed, 4)
+    assert len(sample) == 4 and sample == select_probe_set([n.hex() for n in reversed(many)], seed, 4)
+
+
+@pytest.mark.parametrize("plan_nodes", ["one_left_out", "none", "a_stranger_instead"])
+def test_a_leader_that_leaves_a_node_out_of_its_plan_is_faulty(chain, plan_nodes):
+    """The attack: the leader plans 2 of 3 registered nodes (or none, or swaps one for a node
+    the probe set does not hold), epoch after epoch, so a cheater is never probed. The old
+    rule accepted every such plan and the left-out cheater stayed trusted; now each such plan
+    aborts its epoch with the leader faulty, and the left-out node is never silently skipped."""
+    register_keys(chain)
+    faults: dict[bytes, int] = {}
+    for _ in range(6):
+        leader = elect(chain)
+        epoch = chain.section.current.epoch
+        prompts = prompts_for(epoch)
+        plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items() if n != MODELS[1].node_id]
+        if plan_nodes == "none":
+            plan = []
+        elif plan_nodes == "a_stranger_instead":
+            plan.append((bytes([9]) * 32, commit_prompt(bytes(32), "Who are you?")))
+        assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
+        summary = chain.section.history[-1]
+        assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
+        assert "does not cover the epoch's probe set" in summary.reason
+        faults[leader.public_key] = faults.get(leader.public_key, 0) + 1
+        assert {m.public_key: m.faults for m in chain.section.members}[leader.public_key] == faults[leader.public_key]
+    assert all(chain.model(m).reputation == 1.0 for m in MODELS)  # no aborted epoch touches anyone
 
 
 def test_an_honest_epoch_applies_median_scores_and_reputation(chain):

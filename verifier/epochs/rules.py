@@ -7,8 +7,11 @@ of (committed state, block), so every member applies it identically in FinalizeB
     electing   members post ECVRF proofs over (chain id, epoch, hash of the block that closed
                the previous epoch); when all registered members have, or at the election
                deadline, the lowest valid output leads (vrf.elect_leader)
-    planning   the leader posts the probe set with one prompt commitment per model node (the
-               plain prompts go privately to the other members, never on chain)
+    planning   the leader posts one prompt commitment per node of the probe set (the plain
+               prompts go privately to the other members, never on chain). The probe set is
+               fixed at the election from committed state (challenges.select_probe_set over the
+               registered model nodes and challenges.epoch_probe_seed): a plan that covers any
+               other set makes its leader faulty and aborts the epoch
     probing    the leader sends the challenges through the overlay and posts the signed
                replies (or missing-reply reports). Receipts are checked here, deterministically:
                a reply whose signature, output hash or model name does not verify under the
@@ -49,7 +52,8 @@ from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_PROMPT_MISMATCH, VE
 from gentorrent.ledger.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
-from verifier.epochs.challenges import ChallengeEntry, ChallengeError, ChallengePlan, check_plan
+from verifier.epochs.challenges import (ChallengeEntry, ChallengeError, ChallengePlan, check_plan, epoch_probe_seed,
+                                        select_probe_set)
 from verifier.epochs.epoch import EpochRecord, node_decision
 
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
@@ -179,7 +183,16 @@ def _elect(view: StateView, sec: pb.EpochsSection) -> None:
     members = [(e.public_key.hex(), e.vrf_public_key) for e in sec.members]
     proofs = {p.public_key.hex(): p.proof for p in cur.proofs}
     cur.leader = bytes.fromhex(vrf.elect_leader(view.chain_id, cur.epoch, cur.seed, members, proofs))
+    cur.probe_set.extend(bytes.fromhex(n) for n in _probe_set(view, cur))
     _enter(view, cur, PLANNING)
+
+
+def _probe_set(view: StateView, cur: pb.EpochStateEntry) -> list[str]:
+    """The nodes this epoch's plan must cover: a function of committed state only (the model
+    nodes registered now and the election's VRF outputs), so no leader can leave one out."""
+    outputs = [vrf.proof_to_hash(p.proof) for p in sorted(cur.proofs, key=lambda p: p.public_key)]
+    seed = epoch_probe_seed(cur.seed, outputs)
+    return select_probe_set((node_id.hex() for node_id, _ in view.models.items()), seed, EPOCHS.max_probed_nodes)
 
 
 def _enter(view: StateView, cur: pb.EpochStateEntry, phase: str) -> None:
@@ -196,9 +209,15 @@ def _plan(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochPlan
     cur = _check_epoch(sec, m.epoch, PLANNING)
     _require_leader(cur, signer, "plan")
     plan = ChallengePlan(m.epoch, tuple(ChallengeEntry(e.node_id.hex(), e.commitment) for e in m.entries))
-    registered = [node_id.hex() for node_id, _ in view.models.items()]
+    required = {n.hex() for n in cur.probe_set}
+    if set(plan.node_ids) != required:
+        left_out, extra = sorted(required - set(plan.node_ids)), sorted(set(plan.node_ids) - required)
+        _abort(cur, faulty=True, reason=f"the plan does not cover the epoch's probe set (left out "
+                                        f"{[n[:16] for n in left_out[:REASONS_LISTED]]}, {len(left_out)} in all; "
+                                        f"not in it {[n[:16] for n in extra[:REASONS_LISTED]]})")
+        return
     try:
-        check_plan(plan, registered, EPOCHS)
+        check_plan(plan, required, EPOCHS)
     except ChallengeError as exc:
         raise _bad(f"plan refused: {exc}") from exc
     cur.plan.extend(m.entries)

@@ -40,7 +40,8 @@ from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf
 from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
-                                        draw_question_seed, prompt_key, select_probe_set, verify_reveal)
+                                        draw_question_seed, prompt_key, question_engine_seed, select_probe_set,
+                                        verify_reveal)
 from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
@@ -74,13 +75,15 @@ class Reference(Protocol):
 @dataclass
 class LeaderFaults:
     """Deliberate leader misbehaviour, for tests: node ids (hex) whose reply is dropped
-    (reported missing), altered (a token changed after the node signed) or forged (never asked:
+    (reported missing), altered (a token changed after the node signed), forged (never asked:
     the leader posts text of its own with a well-formed receipt that names the node but carries
-    the leader's signature, as a leader framing an honest node or vouching for a cheat would)."""
+    the leader's signature, as a leader framing an honest node or vouching for a cheat would) or
+    omitted (left out of the plan, as a leader shielding a cheater from probes would)."""
 
     drop: set[str] = field(default_factory=set)
     alter: set[str] = field(default_factory=set)
     forge: set[str] = field(default_factory=set)
+    omit: set[str] = field(default_factory=set)  # left out of the plan (the chain makes the leader faulty)
 
 
 FORGED_TOKENS = tuple(b"a reply the leader wrote itself")  # token ids of the forged text
@@ -259,7 +262,7 @@ class EpochRunner:
     async def _write_question(self, seed: bytes, node_id: str, taken: set[str]) -> str | None:
         for attempt in range(self.params.question_attempts):
             q = draw_question_seed(seed, node_id, attempt)
-            text = await self.reference.write(build_meta_prompt(q), int.from_bytes(seed[:4], "big") + attempt)
+            text = await self.reference.write(build_meta_prompt(q), question_engine_seed(seed, node_id, attempt))
             try:
                 question = clean_question(text)
             except ChallengeError:
@@ -269,9 +272,9 @@ class EpochRunner:
                 return question
         return None
 
-    async def _questions(self, seed: bytes, node_ids: list[str]) -> dict[str, str]:
+    async def _questions(self, seed: bytes, node_ids: list[str], taken: set[str] | None = None) -> dict[str, str]:
         """One unique question per node, written concurrently (the engine batches them)."""
-        taken: set[str] = set()
+        taken = set() if taken is None else taken
         written = await asyncio.gather(*(self._write_question(seed, n, taken) for n in node_ids))
         return {n: q for n, q in zip(node_ids, written) if q is not None}
 
@@ -287,16 +290,19 @@ class EpochRunner:
         if task is not None:
             await asyncio.wait({task})
         seed, questions = self._prepared.get(epoch) or (secrets.token_bytes(32), {})
-        chosen = select_probe_set(models, seed, EPOCHS.max_probed_nodes)
-        missing = [n for n in chosen if n not in questions]  # registered since, or no usable question yet
-        if missing:
-            questions = {**questions, **await self._questions(seed + b"late", missing)}
-        reveals, taken = [], set()
-        for node_id in chosen:
-            question = questions.get(node_id)
-            if question is not None and prompt_key(question) not in taken:
-                taken.add(prompt_key(question))
-                reveals.append(Reveal(node_id, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), question))
+        cur = self._section().current
+        if cur.epoch != epoch:
+            return True
+        chosen = sorted(n.hex() for n in cur.probe_set)  # fixed by the chain: the plan must cover it all
+        questions = {n: q for n, q in questions.items() if n in chosen}
+        for round_ in range(self.params.question_rounds):  # a node left without a question makes us faulty
+            missing = [n for n in chosen if n not in questions]
+            if not missing:
+                break
+            taken = {prompt_key(q) for q in questions.values()}
+            questions.update(await self._questions(seed + b"late" + bytes([round_]), missing, taken))
+        reveals = [Reveal(n, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), questions[n])
+                   for n in chosen if n in questions and n not in self.faults.omit]
         self._reveals[epoch] = {r.node_id: r for r in reveals}
         await self._send_reveals(epoch, reveals)
         entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
@@ -307,7 +313,7 @@ class EpochRunner:
         if not await self._wait_phase(epoch, rules.PROBING):
             return True  # the plan did not commit in time (or was refused): the epoch is lost
         self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
-        items = await asyncio.gather(*(self._challenge(r, models[r.node_id].model) for r in reveals))
+        items = await asyncio.gather(*(self._challenge(r, models.get(r.node_id)) for r in reveals))
         return await self._submit(lambda s, c: epoch_txs.replies(ident, epoch, list(items), s, chain_id=c),
                                   f"epoch {epoch} replies")
 
@@ -331,11 +337,11 @@ class EpochRunner:
             if not await self.host.send_private(member, payload):
                 self._note(f"epoch {epoch}: reveals not delivered to {member.hex()[:12]}")
 
-    async def _challenge(self, reveal: Reveal, model: str) -> pb.ProbeReply:
+    async def _challenge(self, reveal: Reveal, entry: pb.ModelEntry | None) -> pb.ProbeReply:
         node = bytes.fromhex(reveal.node_id)
-        if reveal.node_id in self.faults.drop:
+        if reveal.node_id in self.faults.drop or entry is None:  # (None: deregistered since the election)
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
-        request = challenge_request(reveal.prompt, model, self.params)
+        request = challenge_request(reveal.prompt, entry.model, self.params)
         if reveal.node_id in self.faults.forge:
             tokens = list(FORGED_TOKENS)
             return pb.ProbeReply(node_id=node, token_ids=tokens,
