@@ -12,18 +12,20 @@ of (committed state, block), so every member applies it identically in FinalizeB
                fixed at the election from committed state (challenges.select_probe_set over the
                registered model nodes and challenges.epoch_probe_seed): a plan that covers any
                other set makes its leader faulty and aborts the epoch
-    probing    the leader sends the challenges through the overlay and posts the signed
-               replies (or missing-reply reports). Receipts are checked here, deterministically:
-               a reply whose signature, output hash or model name does not verify under the
-               node's registered key can only have been altered (or invented) by the leader,
-               so the leader is faulty and the epoch aborts
-    attesting  EVERY member re-scores every reply with its own reference model and posts an
-               attestation (score, or "not the committed prompt"); once members with > 2/3 of
+    probing    the leader sends the challenges through the overlay and posts, per node, only
+               the digest of its signed reply (or a missing-reply report); the replies go to
+               the members privately (verifier.epochs.reply_commitments), so the public state
+               never shows a node which of its requests was the challenge
+    attesting  EVERY member checks its private copy of every reply against the digest and the
+               node's registered key (a mismatch or a receipt the node did not sign can only
+               come from the leader: "leader faulty"), re-scores it with its own reference
+               model and posts an attestation (score, "not the committed prompt" or "leader
+               faulty"); once members with > 2/3 of
                the power have attested, the agreed credibility of a node is the median of their
                scores (at most f Byzantine attestors cannot move it outside the honest range),
                members > score_tolerance away from it get a disagreement mark, and if more than
-               N/3 members say a reply is not for the committed prompt the leader altered a
-               prompt: faulty, abort
+               N/3 members say a reply is not for the committed prompt or not the node's
+               signed reply, the leader altered it: faulty, abort
     resolving  nodes reported missing are probed by the other members with prompts of their own
                (epoch.node_decision): > N/3 failures (the leader's report counts as one) ->
                credibility 0; > 2N/3 successes -> the leader lied: faulty, abort
@@ -46,9 +48,8 @@ from dataclasses import replace
 from typing import Mapping, Protocol
 
 from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION, EpochRunParams
-from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
+from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_LEADER_FAULTY, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
 from gentorrent.ledger.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
@@ -233,28 +234,8 @@ def _replies(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochR
     if [r.node_id for r in m.replies] != [e.node_id for e in cur.plan]:
         raise _bad("the replies must cover exactly the planned nodes (a skipped node is reported missing)")
     cur.replies.extend(m.replies)
-    altered = [problem for r in m.replies if not r.missing for problem in _receipt_problems(view, r)]
-    if altered:
-        listed = "; ".join(altered[:REASONS_LISTED]) + (f" (and {len(altered) - REASONS_LISTED} more)"
-                                                          if len(altered) > REASONS_LISTED else "")
-        _abort(cur, faulty=True, reason="leader posted a reply its node did not sign: " + listed)
-        return
     _enter(view, cur, ATTESTING if any(not r.missing for r in cur.replies) else RESOLVING)
     _maybe_settle(view, sec)
-
-
-def _receipt_problems(view: StateView, r: pb.ProbeReply) -> list[str]:
-    node = view.models.get(r.node_id)
-    if node is None:  # deregistered during the epoch: nothing to check against, nothing to score
-        return []
-    try:
-        receipts.verify_receipt(r.receipt, node.public_key, None, list(r.token_ids))
-    except (receipts.ReceiptError, ValueError) as exc:
-        return [f"{r.node_id.hex()[:16]}: {exc}"]
-    if r.receipt.model != node.model:
-        return [f"{r.node_id.hex()[:16]}: the reply names model {r.receipt.model!r}, the node registered "
-                f"{node.model!r}"]
-    return []
 
 
 def _abort(cur: pb.EpochStateEntry, faulty: bool, reason: str) -> None:
@@ -279,10 +260,12 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
     cur = sec.current
     n = len(view.validators)
     tolerance = int(round(EPOCHS.score_tolerance * SCORE_SCALE))
-    result, mismatched = [], []
+    result, mismatched, unsigned = [], [], []
     for i, reply in enumerate(r for r in cur.replies if not r.missing):
         votes = [a.scores[i] for a in cur.attestations]
-        if 3 * sum(1 for v in votes if v.verdict == VERDICT_PROMPT_MISMATCH) > n:
+        if 3 * sum(1 for v in votes if v.verdict == VERDICT_LEADER_FAULTY) > n:
+            unsigned.append(reply.node_id.hex()[:16])
+        elif 3 * sum(1 for v in votes if v.verdict in (VERDICT_PROMPT_MISMATCH, VERDICT_LEADER_FAULTY)) > n:
             mismatched.append(reply.node_id.hex()[:16])
         scored = sorted(v.score_micros for v in votes if v.verdict == VERDICT_SCORED)
         if scored:
@@ -294,6 +277,10 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
                     member = _member(sec, a.public_key)
                     if member is not None:
                         member.disagreements += 1
+    if unsigned:
+        _abort(cur, faulty=True, reason=f"the leader's private replies of {unsigned[:REASONS_LISTED]} ({len(unsigned)} "
+                                        "in all) do not open its public digests or their node did not sign them")
+        return
     if mismatched:
         _abort(cur, faulty=True, reason=f"the replies of {mismatched} answer prompts other than the committed ones")
         return

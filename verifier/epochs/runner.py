@@ -9,9 +9,11 @@ of each phase, once, by submitting signed epoch transactions to its own node:
                    seeded topic/style draw, send the plain prompts privately to every other
                    member (Private RPC), then commit to them (epoch_plan)
     probing        (leader) ask every node its question through the anonymous overlay as an
-                   ordinary user node, and post the signed replies or missing reports
-    attesting      re-score every reply with this member's reference model after checking that
-                   the signed receipt covers the committed prompt (epoch_attestation)
+                   ordinary user node, send the signed replies privately to every other member
+                   and post only their digests (or missing reports)
+    attesting      check the leader's private copy of every reply against its public digest and
+                   the node's key, re-score it with this member's reference model after checking
+                   that the signed receipt covers the committed prompt (epoch_attestation)
     attesting /    (not the leader) probe each node the leader reported missing with a prompt of
     resolving      this member's own, and report whether a valid signed reply came (epoch_probe_report)
 
@@ -42,7 +44,8 @@ from verifier.epochs import vrf
 from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
                                         draw_question_seed, prompt_key, question_engine_seed, select_probe_set,
                                         verify_reveal)
-from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
+from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
+from verifier.epochs.reply_commitments import private_reply_problem, public_reply
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
 
@@ -123,6 +126,7 @@ class EpochRunner:
         self._done: set[tuple] = set()  # (epoch, action[, node]) this runner has completed
         self._busy: dict[tuple, asyncio.Task] = {}
         self._reveals: dict[int, dict[str, Reveal]] = {}  # epoch -> node id hex -> reveal
+        self._replies: dict[int, dict[str, pb.ProbeReply]] = {}  # epoch -> node id hex -> full reply (private)
         self._prepared: dict[int, tuple[bytes, dict[str, str]]] = {}  # epoch -> (seed, node -> question)
         self._task: asyncio.Task | None = None
         self.log: list[str] = []  # what it did, for status and tests
@@ -163,13 +167,16 @@ class EpochRunner:
 
     def on_private(self, payload: bytes) -> pb.Ack:
         try:
-            bundle = open_reveals(payload, self.host.box_private, self.host.box_public, self.host.members)
+            bundle = open_private(payload, self.host.box_private, self.host.box_public, self.host.members)
         except PrivateError as exc:
             return pb.Ack(ok=False, reason=str(exc)[:120])
         sec = self._section()
         if sec.current.leader and bundle.sender != sec.current.leader:
-            return pb.Ack(ok=False, reason="reveals from a member that does not lead this epoch")
-        self._reveals.setdefault(bundle.epoch, {}).update({r.node_id: r for r in bundle.reveals})
+            return pb.Ack(ok=False, reason="a private message from a member that does not lead this epoch")
+        if isinstance(bundle, RevealBundle):
+            self._reveals.setdefault(bundle.epoch, {}).update({r.node_id: r for r in bundle.reveals})
+        else:
+            self._replies.setdefault(bundle.epoch, {}).update({r.node_id.hex(): r for r in bundle.replies})
         return pb.Ack(ok=True)
 
     # ------------------------------------------------------------------ one look at the chain
@@ -203,8 +210,9 @@ class EpochRunner:
         if sec.epoch == 0:
             return
         e, phase, leader = cur.epoch, cur.phase, cur.leader == self.me
-        for old in [k for k in self._reveals if k < e - 2]:
-            del self._reveals[old]
+        for kept in (self._reveals, self._replies):
+            for old in [k for k in kept if k < e - 2]:
+                del kept[old]
         for old in [k for k in self._prepared if k < e]:
             del self._prepared[old]
         if phase == rules.ELECTING:
@@ -304,7 +312,7 @@ class EpochRunner:
         reveals = [Reveal(n, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), questions[n])
                    for n in chosen if n in questions and n not in self.faults.omit]
         self._reveals[epoch] = {r.node_id: r for r in reveals}
-        await self._send_reveals(epoch, reveals)
+        await self._send_private(epoch, "reveals", lambda key: seal_reveals(self.host.identity, key, epoch, reveals))
         entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
         ident = self.host.identity
         if not await self._submit(lambda s, c: epoch_txs.plan(ident, epoch, entries, s, chain_id=c),
@@ -314,7 +322,10 @@ class EpochRunner:
             return True  # the plan did not commit in time (or was refused): the epoch is lost
         self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
         items = await asyncio.gather(*(self._challenge(r, models.get(r.node_id)) for r in reveals))
-        return await self._submit(lambda s, c: epoch_txs.replies(ident, epoch, list(items), s, chain_id=c),
+        self._replies[epoch] = {r.node_id.hex(): r for r in items}
+        await self._send_private(epoch, "replies", lambda key: seal_replies(ident, key, epoch, list(items)))
+        public = [public_reply(r) for r in items]  # the chain never sees a receipt or a prompt hash
+        return await self._submit(lambda s, c: epoch_txs.replies(ident, epoch, public, s, chain_id=c),
                                   f"epoch {epoch} replies")
 
     async def _wait_phase(self, epoch: int, phase: str, timeout_s: float = 120.0) -> bool:
@@ -327,15 +338,15 @@ class EpochRunner:
             await asyncio.sleep(self.params.poll_s)
         return False
 
-    async def _send_reveals(self, epoch: int, reveals: list[Reveal]) -> None:
+    async def _send_private(self, epoch: int, what: str, seal: Callable[[bytes], bytes]) -> None:
+        """Seal (to each other member's registered box key) and send; `seal` builds the payload."""
         keys = rules.member_keys_of(self._section())
         for member in sorted(self.host.members - {self.me}):
             entry = keys.get(member)
             if entry is None:
                 continue
-            payload = seal_reveals(self.host.identity, entry.box_public_key, epoch, reveals)
-            if not await self.host.send_private(member, payload):
-                self._note(f"epoch {epoch}: reveals not delivered to {member.hex()[:12]}")
+            if not await self.host.send_private(member, seal(entry.box_public_key)):
+                self._note(f"epoch {epoch}: {what} not delivered to {member.hex()[:12]}")
 
     async def _challenge(self, reveal: Reveal, entry: pb.ModelEntry | None) -> pb.ProbeReply:
         node = bytes.fromhex(reveal.node_id)
@@ -373,24 +384,29 @@ class EpochRunner:
     # ------------------------------------------------------------------ attesting
 
     async def _attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
-        reveals = await self._await_reveals(epoch, cur)
+        reveals, private = await self._await_private(epoch, cur)
         models = self._models()
         commitments = {e.node_id.hex(): e.commitment for e in cur.plan}
         sampling = SamplingSpec(self.params.challenge_temperature, self.params.challenge_top_p)
         scores = []
         for r in (x for x in cur.replies if not x.missing):
             node = r.node_id.hex()
-            reveal, entry = reveals.get(node), models.get(node)
-            if reveal is None or entry is None:
+            reveal, entry, full = reveals.get(node), models.get(node), private.get(node)
+            if reveal is None or entry is None or full is None:
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
+                continue
+            problem = private_reply_problem(r, full, entry)
+            if problem is not None:
+                self._note(f"epoch {epoch}: the leader's reply of {node[:12]}: {problem}")
+                scores.append((r.node_id, 0, epoch_txs.VERDICT_LEADER_FAULTY))
                 continue
             request = challenge_request(reveal.prompt, entry.model, self.params)
             if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.prompt) or \
-                    not receipt_matches_request(r.receipt, request):
+                    not receipt_matches_request(full.receipt, request):
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
                 continue
             try:
-                report = score_reply(await self.reference.score(request, list(r.token_ids)), sampling)
+                report = score_reply(await self.reference.score(request, list(full.token_ids)), sampling)
             except (ScoringError, RuntimeError) as exc:
                 self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
@@ -402,14 +418,17 @@ class EpochRunner:
         return await self._submit(lambda s, c: epoch_txs.attestation(ident, epoch, scores, s, chain_id=c),
                                   f"epoch {epoch} attestation")
 
-    async def _await_reveals(self, epoch: int, cur: pb.EpochStateEntry, wait_s: float = 30.0) -> dict[str, Reveal]:
-        """The leader sends reveals before its plan commits; allow the RPC a moment to land."""
+    async def _await_private(self, epoch: int, cur: pb.EpochStateEntry,
+                             wait_s: float = 30.0) -> tuple[dict[str, Reveal], dict[str, pb.ProbeReply]]:
+        """The leader sends reveals before its plan commits and replies before its replies tx
+        commits; allow the RPCs a moment to land."""
         wanted = {e.node_id.hex() for e in cur.plan}
+        answered = {r.node_id.hex() for r in cur.replies if not r.missing}
         for _ in range(int(wait_s / 0.25)):
-            if wanted <= set(self._reveals.get(epoch, {})):
+            if wanted <= set(self._reveals.get(epoch, {})) and answered <= set(self._replies.get(epoch, {})):
                 break
             await asyncio.sleep(0.25)
-        return dict(self._reveals.get(epoch, {}))
+        return dict(self._reveals.get(epoch, {})), dict(self._replies.get(epoch, {}))
 
     # ------------------------------------------------------------------ missing replies
 
