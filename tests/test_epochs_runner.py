@@ -69,6 +69,16 @@ async def test_challenges_leave_at_independent_random_times(tmp_path):
         await committee.stop()
 
 
+def test_by_default_challenges_spread_over_the_whole_probing_window():
+    """The old default sent every challenge within 120 s of the plan's commit (public), in a
+    600 s phase: a node knew it was probed then. Now the send time covers the whole window a
+    challenge can use: everything but one per-probe timeout and the replies tx's margin."""
+    usable = EPOCH_RUN.probe_timeout_ms / 1000 - EPOCH_RUN.probe_timeout_s
+    assert EPOCH_RUN.spread_s == usable - EPOCH_RUN.replies_margin_s
+    assert EPOCH_RUN.replies_margin_s <= 0.1 * usable
+    assert replace(EPOCH_RUN, challenge_spread_s=2.0).spread_s == 2.0
+
+
 def test_a_spread_that_would_miss_the_probe_deadline_is_refused():
     with pytest.raises(ValueError, match="challenge_spread_s"):
         replace(EPOCH_RUN, challenge_spread_s=EPOCH_RUN.probe_timeout_ms / 1000)

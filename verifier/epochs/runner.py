@@ -369,8 +369,9 @@ class EpochRunner:
     async def _ask(self, request: pb.GenerateRequest, node_id: str) -> ProbeAnswer:
         if self.prober is None:
             raise ProbeFailed("this member has no overlay prober")
-        # independent of every other challenge, unpredictable (OS CSPRNG): see challenge_spread_s
-        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.challenge_spread_s))
+        # independent of every other challenge, unpredictable (OS CSPRNG), anywhere in the
+        # probing window: see EpochRunParams.challenge_spread_s
+        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.spread_s))
         try:
             answer = await asyncio.wait_for(self.prober.ask(request, node_id), self.params.probe_timeout_s)
         except asyncio.TimeoutError:
