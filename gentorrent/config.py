@@ -43,6 +43,9 @@ class CloveParams:
     path_idle_expiry_s: float = 30 * 60.0  # relays forget idle paths after this
     onion_size: int = 2048  # fixed size of an establishment onion at every hop
     link_id_bytes: int = 16
+    # a path carries one ask and is never picked again (a verifier's probing user node: no two
+    # challenges share a path, so relays and proxies cannot link one challenge to another)
+    single_use_paths: bool = False
 
 
 CLOVES = CloveParams()
