@@ -43,6 +43,9 @@ class CloveParams:
     path_idle_expiry_s: float = 30 * 60.0  # relays forget idle paths after this
     onion_size: int = 2048  # fixed size of an establishment onion at every hop
     link_id_bytes: int = 16
+    # a path carries one ask and is never picked again (a verifier's probing user node: no two
+    # challenges share a path, so relays and proxies cannot link one challenge to another)
+    single_use_paths: bool = False
 
 
 CLOVES = CloveParams()
@@ -207,19 +210,32 @@ class EpochRunParams:
     challenge_top_p: float = 1.0
     challenge_max_tokens: int = EPOCHS.challenge_max_tokens  # (tests on a busy 2-core machine use fewer)
     question_max_tokens: int = 64  # the reference model writes a question in this many tokens
-    question_attempts: int = 6  # redraws of a question seed before a node is left out this epoch
+    question_attempts: int = 6  # redraws of a question seed per round
+    question_rounds: int = 4  # rounds of redraws for nodes still without a question (the plan must
+    # cover the whole probe set: a leader that leaves a node out is faulty)
     epoch_pause_s: float = 30.0  # a member waits this long after an epoch opens before its VRF proof (pacing)
     poll_s: float = 0.5  # the runner looks at the committed state this often
     probe_timeout_s: float = 300.0  # one challenge or own probe, end to end, in the runner
-    # each challenge (and each member's own probe) leaves after its own uniform random delay in
-    # [0, challenge_spread_s]: without it every probed model node gets its ask the moment the plan
-    # commits, which a node watching the public chain could match (ARCHITECTURE.md §3.5: challenges
-    # must be indistinguishable from user asks in timing too). spread + probe_timeout_s must fit
-    # in probe_timeout_ms (tests/test_epochs_runner.py checks it).
-    challenge_spread_s: float = 120.0
+    replies_margin_s: float = 30.0  # left at the end of the probing phase for the replies tx to commit
+    # each challenge (and each member's own probe) leaves at its own uniform random time in
+    # [0, spread_s] after the probing phase opens, drawn from the OS CSPRNG, independently of every
+    # other challenge. None (the default) spreads them over the WHOLE probing window: the phase
+    # (probe_timeout_ms) less one per-probe timeout (a challenge sent last is still answered) and
+    # replies_margin_s. A node watching the public chain knows only that the window is open, and
+    # every node is probed every epoch, so what it cannot tell is which request, and when
+    # (ARCHITECTURE.md §3.5). A number overrides it (tests and the devnet demo use seconds);
+    # spread + probe_timeout_s must fit in probe_timeout_ms (tests/test_epochs_runner.py checks it).
+    challenge_spread_s: float | None = None
+
+    @property
+    def spread_s(self) -> float:
+        """The upper end of a challenge's random send time, in seconds after probing opens."""
+        if self.challenge_spread_s is not None:
+            return self.challenge_spread_s
+        return max(0.0, self.probe_timeout_ms / 1000 - self.probe_timeout_s - self.replies_margin_s)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.challenge_spread_s <= self.probe_timeout_ms / 1000 - self.probe_timeout_s:
+        if not 0 <= self.spread_s <= self.probe_timeout_ms / 1000 - self.probe_timeout_s:
             raise ValueError(f"challenge_spread_s must be in [0, {self.probe_timeout_ms / 1000 - self.probe_timeout_s:g}]: "
                              "a challenge sent last must still be answered before the probe deadline")
 

@@ -113,3 +113,23 @@ def test_clean_question():
             ch.clean_question(bad)
     assert ch.unique_questions({"a": "How are you?", "b": "how are you"}) is False
     assert ch.unique_questions({"a": "How are you?", "b": "Who are you?"}) is True
+
+
+def test_each_question_is_written_with_its_own_engine_seed():
+    """One engine seed per epoch made an epoch's questions look alike; now the seed depends on
+    the node and the attempt as well (and stays deterministic for the leader's private seed)."""
+    seed = bytes(32)
+    nodes = [f"{i:064x}" for i in range(16)]
+    seeds = {ch.question_engine_seed(seed, n, a) for n in nodes for a in range(3)}
+    assert len(seeds) == 48
+    assert ch.question_engine_seed(seed, nodes[0], 0) == ch.question_engine_seed(seed, nodes[0], 0)
+    assert ch.question_engine_seed(bytes([1]) * 32, nodes[0], 0) != ch.question_engine_seed(seed, nodes[0], 0)
+
+
+def test_the_probe_set_is_every_node_up_to_the_limit_and_a_seeded_sample_beyond():
+    nodes = [f"{i:064x}" for i in range(10)]
+    assert ch.select_probe_set(nodes, b"any", 10) == sorted(nodes)
+    a, b = ch.epoch_probe_seed(b"block", [b"out1", b"out2"]), ch.epoch_probe_seed(b"block", [b"out1", b"out3"])
+    assert a != b and a != ch.epoch_probe_seed(b"block", [b"out1"])
+    sample_a, sample_b = ch.select_probe_set(nodes, a, 4), ch.select_probe_set(nodes, b, 4)
+    assert len(sample_a) == 4 and set(sample_a) <= set(nodes) and sample_a != sample_b

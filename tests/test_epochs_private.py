@@ -34,3 +34,18 @@ def test_nobody_else_opens_it_and_forgeries_are_refused():
     for junk in (b"", b"\x00" * 100):
         with pytest.raises(PrivateError):
             open_reveals(junk, BOX.private_key, BOX.public_key, MEMBERS)
+
+
+def test_replies_travel_sealed_too_and_are_not_taken_for_reveals():
+    """The full replies (receipts carry the prompt hash) reach the members only this way."""
+    from gentorrent.wire import gentorrent_pb2 as pb
+    from verifier.epochs.private import RepliesBundle, open_private, seal_replies
+    replies = [pb.ProbeReply(node_id=b"\x01" * 32, token_ids=[5, 6], receipt=pb.ReplyReceipt(model="m", signature=b"s")),
+               pb.ProbeReply(node_id=b"\x02" * 32, missing=True, reason="no reply")]
+    payload = seal_replies(LEADER, BOX.public_key, 9, replies)
+    bundle = open_private(payload, BOX.private_key, BOX.public_key, MEMBERS)
+    assert isinstance(bundle, RepliesBundle) and bundle.epoch == 9 and list(bundle.replies) == replies
+    with pytest.raises(PrivateError, match="not reveals"):
+        open_reveals(payload, BOX.private_key, BOX.public_key, MEMBERS)
+    with pytest.raises(PrivateError):
+        open_private(payload, ELSEWHERE.private_key, ELSEWHERE.public_key, MEMBERS)

@@ -17,8 +17,9 @@ from verifier.abci.interface import BlockContext, ValidatorInfo
 from gentorrent.ledger.sections import decode_model
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
-from verifier.epochs.challenges import commit_prompt
+from verifier.epochs.challenges import commit_prompt, epoch_probe_seed, select_probe_set
 from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
+from verifier.epochs.reply_commitments import private_reply_problem, public_reply, reply_digest
 from verifier.epochs.runner import FORGED_TOKENS, forged_receipt
 
 MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
@@ -112,8 +113,21 @@ def run_to_replies(chain: Chain, replies_for=None) -> tuple[Identity, int, dict]
     assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     assert chain.section.current.phase == rules.PROBING
     items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in MODELS]))(prompts)
-    assert chain.block([epoch_txs.replies(leader, epoch, items, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
+    chain.private = {r.node_id: r for r in items}  # what the leader sends the members privately
+    public = [public_reply(r) for r in items]
+    assert chain.block([epoch_txs.replies(leader, epoch, public, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     return leader, epoch, prompts
+
+
+def private_verdicts(chain: Chain, score: int = 900_000) -> dict[bytes, tuple[int, int]]:
+    """What an honest member attests after checking the leader's private replies (runner._attest)."""
+    out = {}
+    for r in chain.section.current.replies:
+        if not r.missing:
+            problem = private_reply_problem(r, chain.private[r.node_id], chain.model(
+                next(m for m in MODELS if m.node_id == r.node_id)))
+            out[r.node_id] = (score, 0) if problem is None else (0, epoch_txs.VERDICT_LEADER_FAULTY)
+    return out
 
 
 def attest(chain: Chain, members, epoch: int, scores: dict[bytes, tuple[int, int]]) -> list[int]:
@@ -150,9 +164,51 @@ def test_a_wrong_vrf_proof_or_a_non_leader_plan_is_refused_and_changes_nothing(c
     plan = [(MODELS[0].node_id, bytes(32))]
     assert chain.app.check_tx(epoch_txs.plan(other, 1, plan, 1000, chain_id=CHAIN)).code == txs.CODE_UNAUTHORIZED
     assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000, chain_id=CHAIN)).code == rules.CODE_WRONG_PHASE
-    unknown = [(bytes([9]) * 32, bytes(32))]
-    assert chain.app.check_tx(epoch_txs.plan(leader, 1, unknown, 1000, chain_id=CHAIN)).code == txs.CODE_INVALID_FIELD
+    same_prompt = [(m.node_id, bytes(32)) for m in MODELS]  # covers the probe set, one commitment twice
+    assert chain.app.check_tx(epoch_txs.plan(leader, 1, same_prompt, 1000, chain_id=CHAIN)).code == \
+        txs.CODE_INVALID_FIELD
     assert sec.epoch == chain.section.epoch
+
+
+def test_the_probe_set_is_fixed_at_the_election_from_committed_state(chain):
+    """Every registered model node (there are fewer than max_probed_nodes), stored on chain
+    before the leader plans; its seed mixes the block hash with every member's VRF output."""
+    register_keys(chain)
+    elect(chain)
+    cur = chain.section.current
+    assert sorted(cur.probe_set) == sorted(m.node_id for m in MODELS)
+    outputs = [vrf.proof_to_hash(p.proof) for p in sorted(cur.proofs, key=lambda p: p.public_key)]
+    seed = epoch_probe_seed(cur.seed, outputs)
+    assert seed != epoch_probe_seed(cur.seed, outputs[:-1])  # the last member's output counts too
+    many = [bytes([i]) * 32 for i in range(10)]
+    sample = select_probe_set([n.hex() for n in many], seed, 4)
+    assert len(sample) == 4 and sample == select_probe_set([n.hex() for n in reversed(many)], seed, 4)
+
+
+@pytest.mark.parametrize("plan_nodes", ["one_left_out", "none", "a_stranger_instead"])
+def test_a_leader_that_leaves_a_node_out_of_its_plan_is_faulty(chain, plan_nodes):
+    """The attack: the leader plans 2 of 3 registered nodes (or none, or swaps one for a node
+    the probe set does not hold), epoch after epoch, so a cheater is never probed. The old
+    rule accepted every such plan and the left-out cheater stayed trusted; now each such plan
+    aborts its epoch with the leader faulty, and the left-out node is never silently skipped."""
+    register_keys(chain)
+    faults: dict[bytes, int] = {}
+    for _ in range(6):
+        leader = elect(chain)
+        epoch = chain.section.current.epoch
+        prompts = prompts_for(epoch)
+        plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items() if n != MODELS[1].node_id]
+        if plan_nodes == "none":
+            plan = []
+        elif plan_nodes == "a_stranger_instead":
+            plan.append((bytes([9]) * 32, commit_prompt(bytes(32), "Who are you?")))
+        assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
+        summary = chain.section.history[-1]
+        assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
+        assert "does not cover the epoch's probe set" in summary.reason
+        faults[leader.public_key] = faults.get(leader.public_key, 0) + 1
+        assert {m.public_key: m.faults for m in chain.section.members}[leader.public_key] == faults[leader.public_key]
+    assert all(chain.model(m).reputation == 1.0 for m in MODELS)  # no aborted epoch touches anyone
 
 
 def test_an_honest_epoch_applies_median_scores_and_reputation(chain):
@@ -195,6 +251,30 @@ def test_a_cheater_becomes_untrusted_over_epochs_and_honest_stays_trusted(chain)
     assert len(chain.section.history) == 4
 
 
+def test_the_public_state_holds_no_receipt_and_no_prompt_hash(chain):
+    """The attack: the old leader posted each probed node's signed receipt (with the prompt
+    hash) and its tokens in committed state, so the node found the exact challenge in its own
+    request log. Now a replies tx that carries a receipt or tokens is refused, and nothing of
+    the receipt reaches the public state: only its digest."""
+    register_keys(chain)
+    leader = elect(chain)
+    epoch = chain.section.current.epoch
+    prompts = prompts_for(epoch)
+    plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items()]
+    assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
+    full = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+    with pytest.raises(txs.TxError, match="no receipt"):
+        epoch_txs.replies(leader, epoch, full, chain.next_seq(leader), chain_id=CHAIN)
+    public = [public_reply(r) for r in full]
+    assert chain.block([epoch_txs.replies(leader, epoch, public, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
+    state = chain.app.query("/epochs").value
+    assert chain.section.current.phase == rules.ATTESTING
+    for r in full:
+        assert r.receipt.prompt_hash not in state and r.receipt.signature not in state
+    assert [p.digest for p in chain.section.current.replies] == [reply_digest(r.node_id, r.receipt, [1, 2, 3])
+                                                                  for r in sorted(full, key=lambda r: r.node_id)]
+
+
 def test_an_altered_reply_marks_the_leader_faulty_and_aborts(chain):
     register_keys(chain)
 
@@ -205,17 +285,20 @@ def test_an_altered_reply_marks_the_leader_faulty_and_aborts(chain):
         return items
 
     leader, epoch, _ = run_to_replies(chain, altered)
+    assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
     sec = chain.section
     summary = sec.history[-1]
     assert summary.phase == rules.ABORTED and summary.faulty_leader and "did not sign" in summary.reason
+    assert MODELS[0].node_id.hex()[:16] in summary.reason
     assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
     assert all(chain.model(m).reputation == 1.0 for m in MODELS)  # nobody is touched by an aborted epoch
 
 
 def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
-    """The leader posts text of its own for a node, with a receipt that covers the committed
-    request and that text and names the node, but that the leader signed itself (and alters a
-    second node's reply in the same post: the abort reason names every bad reply)."""
+    """The leader commits to text of its own for a node, with a receipt that covers the
+    committed request and that text and names the node, but that the leader signed itself (and
+    privately sends a second node's reply other than the one it committed to): the members'
+    private checks say "leader faulty" for both, and the abort reason names both."""
     register_keys(chain)
     forged = {}
 
@@ -226,24 +309,43 @@ def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
         receipt = forged_receipt(leader, MODELS[0].node_id, request, list(FORGED_TOKENS))
         forged["receipt"] = receipt
         items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, token_ids=list(FORGED_TOKENS), receipt=receipt)
-        items[1].token_ids[-1] += 1  # and alters another node's reply: the reason names both
         return items
 
     leader, epoch, prompts = run_to_replies(chain, forge_first)
-    # well formed: names the node and covers the committed request and the posted tokens
+    chain.private[MODELS[1].node_id].token_ids[-1] += 1  # the private copy is not the committed one
+    # well formed: names the node and covers the committed request and the committed tokens
     receipt = forged["receipt"]
     assert receipt.node_id == MODELS[0].node_id and receipt.model == MODEL
     assert receipt.prompt_hash == receipts.request_prompt_hash(challenge_request(prompts[MODELS[0].node_id][1], MODEL))
     assert receipt.output_hash == receipts.output_hash(list(FORGED_TOKENS))
+    public = {r.node_id: r for r in chain.section.current.replies}
+    node0 = chain.model(MODELS[0])
+    assert private_reply_problem(public[MODELS[0].node_id], chain.private[MODELS[0].node_id], node0) == \
+        "receipt signature does not verify"
+    assert "public commitment" in private_reply_problem(public[MODELS[1].node_id], chain.private[MODELS[1].node_id],
+                                                        chain.model(MODELS[1]))
+    assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
     sec = chain.section
     summary = sec.history[-1]
     assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
     assert "did not sign" in summary.reason
-    assert f"{MODELS[0].node_id.hex()[:16]}: receipt signature does not verify" in summary.reason
-    assert f"{MODELS[1].node_id.hex()[:16]}: receipt covers different output tokens" in summary.reason
+    assert MODELS[0].node_id.hex()[:16] in summary.reason and MODELS[1].node_id.hex()[:16] in summary.reason
     assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
     assert all(chain.model(m).reputation == 1.0 and chain.model(m).trusted for m in MODELS)
     assert not summary.result
+
+
+def test_one_byzantine_member_cannot_frame_the_leader(chain):
+    """One member in four (f = 1) calls a genuine reply "leader faulty": not > N/3, so the
+    epoch goes on with the other members' scores."""
+    register_keys(chain)
+    leader, epoch, _ = run_to_replies(chain)
+    honest = private_verdicts(chain)
+    lying = {**honest, MODELS[0].node_id: (0, epoch_txs.VERDICT_LEADER_FAULTY)}
+    assert attest(chain, MEMBERS[:1], epoch, lying) == [0]
+    assert attest(chain, MEMBERS[1:3], epoch, honest) == [0, 0]
+    summary = chain.section.history[-1]
+    assert summary.phase == rules.DONE and not summary.faulty_leader
 
 
 def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):

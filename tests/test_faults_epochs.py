@@ -1,5 +1,6 @@
 """The committee's judgement under faults (testkit/scenarios/epochs.py, shared with
-bench/reliability.py): a leader that drops, alters or forges the honest node's reply is blamed
+bench/reliability.py): a leader that drops, alters or forges the honest node's reply, or leaves the node out of its
+plan, is blamed
 and its epoch aborts without touching any reputation; a model node that goes down or cheats is
 penalised in every epoch that probes it until it is untrusted. The honest node stays at 1.0
 throughout. Real committee (4 verifier nodes over gRPC/TLS), scripted model replies and scores."""

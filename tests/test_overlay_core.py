@@ -261,6 +261,27 @@ def test_path_pool_renews_failed_and_old_paths_and_picks_distinct_proxies():
     assert sorted(p.path_id for p in pool.stale(150)) == [0, 1, 2]
 
 
+def test_a_single_use_pool_never_hands_one_path_to_two_asks():
+    """A verifier's probing user node: every challenge leaves over paths of its own, so the
+    relays and proxies cannot link two challenges of an epoch by the path they share."""
+    class _S:
+        first_link = b"x"
+
+    def pool_of(single_use: bool) -> PathPool:
+        pool = PathPool(keep=4, renewal_s=100, single_use=single_use)
+        for i, proxy in enumerate("pqrs"):
+            pool.add(ProxyPath(i, ("a", "b", proxy), ("A", "B", proxy.upper()), _S(), built_at=0))
+        return pool
+
+    shared = pool_of(False)  # an ordinary user reuses its paths (until they are renewed)
+    assert {p.path_id for p in shared.pick(4, 50, random.Random(0))} == \
+        {p.path_id for p in shared.pick(4, 50, random.Random(1))}
+    single = pool_of(True)
+    first, second = single.pick(2, 50, random.Random(0)), single.pick(2, 50, random.Random(0))
+    assert len(first) == len(second) == 2 and not {p.path_id for p in first} & {p.path_id for p in second}
+    assert single.pick(1, 50, random.Random(0)) == [] and single.missing(50) == 4  # the manager builds new ones
+
+
 def _longest_common(a: bytes, b: bytes) -> int:
     """Length of the longest common substring, bounded search (9 is enough to fail)."""
     grams = {a[i:i + 9] for i in range(len(a) - 8)}

@@ -47,6 +47,7 @@ class ProxyPath:
     secrets: onion.PathSecrets
     built_at: float
     failed: bool = False
+    taken: bool = False  # handed to one ask already (single-use pools never pick it again)
     sends: int = 0
     replies: int = 0
     next_seq: int = 0  # the next forward clove's number on this path (each hop's replay window)
@@ -102,9 +103,10 @@ def choose_relays(
 class PathPool:
     """The user's established paths and the decisions about them (pure)."""
 
-    def __init__(self, keep: int, renewal_s: float) -> None:
+    def __init__(self, keep: int, renewal_s: float, single_use: bool = False) -> None:
         self.keep = keep
         self.renewal_s = renewal_s
+        self.single_use = single_use
         self.paths: dict[int, ProxyPath] = {}
 
     def add(self, path: ProxyPath) -> None:
@@ -114,7 +116,8 @@ class PathPool:
         self.paths.pop(path.path_id, None)
 
     def usable(self, now: float) -> list[ProxyPath]:
-        return [p for p in self.paths.values() if not p.failed and now - p.built_at < self.renewal_s]
+        return [p for p in self.paths.values()
+                if not p.failed and not p.taken and now - p.built_at < self.renewal_s]
 
     def stale(self, now: float) -> list[ProxyPath]:
         """Paths to retire: failed, or older than the renewal period."""
@@ -137,7 +140,13 @@ class PathPool:
                 chosen.append(p)
                 proxies.add(p.proxy)
         chosen += [p for p in usable if p not in chosen]
-        return chosen[:n]
+        return self.take(chosen[:n])
+
+    def take(self, paths: list[ProxyPath]) -> list[ProxyPath]:
+        """Hand `paths` to one ask; a single-use pool never offers them again."""
+        for p in paths:
+            p.taken = self.single_use
+        return paths
 
 
 class PathManager:
@@ -168,7 +177,7 @@ class PathManager:
         self.rng = rng or random.SystemRandom()  # relay choice; seeded only in tests
         self.clock = clock
         self.wall_clock = wall_clock
-        self.pool = PathPool(cloves.proxies_kept, cloves.path_renewal_s)
+        self.pool = PathPool(cloves.proxies_kept, cloves.path_renewal_s, cloves.single_use_paths)
         self._ids = itertools.count(1)
         self._fill_lock = asyncio.Lock()
         self._suspect_hops: Counter = Counter()
@@ -296,7 +305,7 @@ class PathManager:
         """A usable path not in `exclude` (to resend a clove whose path failed)."""
         used = {p.path_id for p in exclude}
         spare = [p for p in self.pool.usable(self.clock()) if p.path_id not in used]
-        return min(spare, key=lambda p: p.sends) if spare else None
+        return self.pool.take([min(spare, key=lambda p: p.sends)])[0] if spare else None
 
     def status(self) -> dict:
         now = self.clock()

@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--probe-advertise", metavar="HOST:PORT", type=host_port,
                    help="the address to register for the probing user node (needed with a wildcard --probe-listen)")
     s.add_argument("--challenge-spread-s", type=float_in(0, 86400), default=EPOCH_RUN.challenge_spread_s,
-                   metavar="S", help="each challenge leaves after a random delay in [0, S] (default %(default)s)")
+                   metavar="S", help="each challenge leaves after a random delay in [0, S] (default: spread over the "
+                        f"whole probing window, {EPOCH_RUN.spread_s:g} s)")
     s.set_defaults(func=cmd_start)
     st = sub.add_parser("status", help="ask a running verifier for its status")
     st.add_argument("--home", required=True, help="the member's home")

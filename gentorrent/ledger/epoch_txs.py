@@ -6,7 +6,8 @@ Seven kinds, all signed by committee members (txs.COMMITTEE_KINDS), carried in T
     epoch_member_keys   a member's VRF key (leader election) and X25519 key (private reveals)
     epoch_vrf_proof     a member's ECVRF proof for the election of one epoch
     epoch_plan          the leader's probe set with one prompt commitment per model node
-    epoch_replies       the leader's collected signed replies (or missing-reply reports)
+    epoch_replies       per probed node, the digest of its signed reply or a missing-reply report
+                        (the replies themselves go privately to the members)
     epoch_attestation   a member's own re-scoring of every reply with its reference model
     epoch_probe_report  a member's own probe of a node the leader reported missing
     epoch_audit_report  a member's score per node of the users' audits it scored
@@ -19,19 +20,23 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gentorrent.config import EPOCH_RUN, EPOCHS
+from gentorrent.config import EPOCHS
 from gentorrent.crypto.keys import Identity
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger.signed_tx import CODE_INVALID_FIELD, TxError, body, sign
 
 __all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "audit_report", "validate",
-           "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "to_micros"]
+           "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "VERDICT_LEADER_FAULTY",
+           "to_micros"]
 
 SCORE_SCALE = 1_000_000
 VERDICT_SCORED = 0
 VERDICT_PROMPT_MISMATCH = 1  # the signed reply answers a prompt other than the committed one
 VERDICT_UNSCORABLE = 2  # this member's reference model could not score it (no vote on the score)
-_VERDICTS = (VERDICT_SCORED, VERDICT_PROMPT_MISMATCH, VERDICT_UNSCORABLE)
+VERDICT_LEADER_FAULTY = 3  # the leader's private copy of the reply does not open its public digest,
+# or carries a receipt the node did not sign (verifier.epochs.reply_commitments)
+_VERDICTS = (VERDICT_SCORED, VERDICT_PROMPT_MISMATCH, VERDICT_UNSCORABLE, VERDICT_LEADER_FAULTY)
+DIGEST_BYTES = 32
 NODE_ID_BYTES = 32
 MAX_REASON_CHARS = 200
 
@@ -135,19 +140,19 @@ def validate(kind: str, m) -> None:
         for r in m.replies:
             if len(r.reason) > MAX_REASON_CHARS:
                 raise _bad("reason too long")
-            if r.missing and (r.token_ids or r.HasField("receipt")):
-                raise _bad("a missing reply carries no tokens and no receipt")
-            if not r.missing and (not r.token_ids or not r.HasField("receipt")):
-                raise _bad("a reply carries its tokens and its receipt")
-            if len(r.token_ids) > EPOCH_RUN.max_reply_tokens:
-                raise _bad(f"a reply carries at most {EPOCH_RUN.max_reply_tokens} tokens")
+            if r.token_ids or r.HasField("receipt"):  # they would label the challenge in the node's log
+                raise _bad("the public replies carry no tokens and no receipt (only their digest)")
+            if r.missing and r.digest:
+                raise _bad("a missing reply carries no digest")
+            if not r.missing and len(r.digest) != DIGEST_BYTES:
+                raise _bad(f"a reply carries the {DIGEST_BYTES}-byte digest of its receipt and tokens")
     elif kind == "epoch_attestation":
         if len(m.scores) > EPOCHS.max_probed_nodes:
             raise _bad(f"at most {EPOCHS.max_probed_nodes} scores")
         _check_ids_sorted_unique([s.node_id for s in m.scores], "attestation")
         for s in m.scores:
             if s.score_micros > SCORE_SCALE or s.verdict not in _VERDICTS:
-                raise _bad("score_micros must be <= 1e6 and verdict one of 0, 1, 2")
+                raise _bad("score_micros must be <= 1e6 and verdict one of 0, 1, 2, 3")
     elif kind == "epoch_probe_report":
         if len(m.node_id) != NODE_ID_BYTES:
             raise _bad(f"node ids are {NODE_ID_BYTES} bytes")

@@ -2,9 +2,9 @@
 of 4 real verifier nodes runs epochs over scripted model nodes (testkit/epochs.py),
 and one party misbehaves:
 
-- `leader-drop`, `leader-alter`, `leader-forge`: every member, when it leads, drops the honest
-  node's reply (reports it missing), alters a token of it, or forges a reply of its own with a
-  receipt it signed itself. Each such epoch must abort with the leader blamed, and the honest
+- `leader-drop`, `leader-alter`, `leader-forge`, `leader-omit`: every member, when it leads,
+  drops the honest node's reply (reports it missing), alters a token of it, forges a reply of
+  its own with a receipt it signed itself, or leaves the node out of its plan. Each such epoch must abort with the leader blamed, and the honest
   node's reputation must not move.
 - `node-down`, `node-cheat`: after an honest first epoch, one model node stops answering, or
   answers with tokens the reference model finds implausible. The committee must give it
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gentorrent.config import REPUTATION
 
-EPOCH_MODES = ("leader-drop", "leader-alter", "leader-forge", "node-down", "node-cheat")
+EPOCH_MODES = ("leader-drop", "leader-alter", "leader-forge", "leader-omit", "node-down", "node-cheat")
 
 
 def _rep(committee, ident) -> float:

@@ -1,7 +1,7 @@
 """Challenge prompts: commitments, the probe set, uniqueness, and the question seed plan.
 
-At the end of epoch i-1 the leader picks the model nodes to probe in epoch i and one fresh
-natural-language question per node. The chain stores only H(nonce || prompt) per node, so a
+The probe set of an epoch is fixed by the chain at the election (`select_probe_set` over
+`epoch_probe_seed`); the leader writes one fresh natural-language question per node of it. The chain stores only H(nonce || prompt) per node, so a
 model node reading the public state learns nothing about which prompts are challenges; the
 plain prompts and nonces travel privately to the other verifiers, who check every reveal
 against its commitment. Two nodes never get the same question (normalised), so nodes cannot
@@ -32,6 +32,7 @@ __all__ = [
     "verify_reveal",
     "prompt_key",
     "select_probe_set",
+    "epoch_probe_seed",
     "ChallengeEntry",
     "ChallengePlan",
     "Reveal",
@@ -41,6 +42,7 @@ __all__ = [
     "QuestionSeed",
     "draw_question_seed",
     "build_meta_prompt",
+    "question_engine_seed",
     "clean_question",
     "unique_questions",
     "TOPICS",
@@ -88,15 +90,39 @@ def prompt_key(prompt: str) -> str:
 # --------------------------------------------------------------------------- the probe set
 
 
+_PROBE_SEED_DOMAIN = b"gentorrent/probe-set-seed/v1"
+
+
+def epoch_probe_seed(block_hash: bytes, vrf_outputs: Sequence[bytes]) -> bytes:
+    """The seed of an epoch's probe set: H(domain || hash of the epoch-opening block || every
+    election VRF output present on chain, in member-key order).
+
+    No single verifier controls it: the block hash is fixed before anyone's VRF output is known,
+    and each output is a deterministic function of that hash and a member's secret key, so a
+    member can at most withhold its own proof (then the election deadline passes without it),
+    never pick a value. Model nodes cannot compute it before the election closes on chain.
+    """
+    h = hashlib.sha256(_PROBE_SEED_DOMAIN + len(block_hash).to_bytes(2, "big") + block_hash)
+    for out in vrf_outputs:
+        h.update(len(out).to_bytes(2, "big") + out)
+    return h.digest()
+
+
 def select_probe_set(candidates: Iterable[str], seed: bytes, limit: int = EPOCHS.max_probed_nodes) -> list[str]:
     """The model nodes to probe: all of them, or a seeded sample of `limit` when there are more.
 
-    Ranking by H(seed || node id) is deterministic for whoever knows the seed (every verifier
-    re-derives the leader's choice) and uniform, so the leader cannot steer it.
+    Ranking by H(seed || node id) is deterministic and uniform. The chain computes it at the
+    election from the eligible (registered) model nodes and `epoch_probe_seed`, and the plan
+    rule rejects (and marks faulty) a leader whose plan covers any other set, so the leader
+    cannot steer the choice or leave a node out. A model node gains nothing from knowing the
+    set: with at most `limit` nodes every node is probed every epoch, so being in it says
+    nothing; what stays secret is WHICH of its requests is the challenge and WHEN it arrives.
     """
     nodes = sorted(set(candidates))
     if limit < 0:
         raise ChallengeError("limit must be >= 0")
+    if len(nodes) <= limit:
+        return nodes
     ranked = sorted(nodes, key=lambda n: hashlib.sha256(seed + b"\x00" + n.encode("utf-8")).digest())
     return sorted(ranked[:limit])
 
@@ -263,6 +289,15 @@ def draw_question_seed(seed: bytes, node_id: str, attempt: int = 0) -> QuestionS
     digest = hashlib.sha256(b"gentorrent/question-seed/v1" + seed + node_id.encode("utf-8") + attempt.to_bytes(4, "big")).digest()
     rng = random.Random(int.from_bytes(digest, "big"))
     return QuestionSeed(rng.choice(TOPICS), rng.choice(STYLES), rng.choice(PERSONAS), rng.choice(FORMS))
+
+
+def question_engine_seed(seed: bytes, node_id: str, attempt: int) -> int:
+    """The sampling seed the reference model writes one node's question with: H(private seed ||
+    node || attempt), so no two questions of an epoch share a seed (one shared seed made the
+    questions of an epoch look alike, e.g. several opening with the same four words)."""
+    digest = hashlib.sha256(b"gentorrent/question-engine-seed/v1" + seed + node_id.encode("utf-8")
+                            + attempt.to_bytes(4, "big")).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def build_meta_prompt(q: QuestionSeed) -> str:

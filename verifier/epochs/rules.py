@@ -7,20 +7,25 @@ of (committed state, block), so every member applies it identically in FinalizeB
     electing   members post ECVRF proofs over (chain id, epoch, hash of the block that closed
                the previous epoch); when all registered members have, or at the election
                deadline, the lowest valid output leads (vrf.elect_leader)
-    planning   the leader posts the probe set with one prompt commitment per model node (the
-               plain prompts go privately to the other members, never on chain)
-    probing    the leader sends the challenges through the overlay and posts the signed
-               replies (or missing-reply reports). Receipts are checked here, deterministically:
-               a reply whose signature, output hash or model name does not verify under the
-               node's registered key can only have been altered (or invented) by the leader,
-               so the leader is faulty and the epoch aborts
-    attesting  EVERY member re-scores every reply with its own reference model and posts an
-               attestation (score, or "not the committed prompt"); once members with > 2/3 of
+    planning   the leader posts one prompt commitment per node of the probe set (the plain
+               prompts go privately to the other members, never on chain). The probe set is
+               fixed at the election from committed state (challenges.select_probe_set over the
+               registered model nodes and challenges.epoch_probe_seed): a plan that covers any
+               other set makes its leader faulty and aborts the epoch
+    probing    the leader sends the challenges through the overlay and posts, per node, only
+               the digest of its signed reply (or a missing-reply report); the replies go to
+               the members privately (verifier.epochs.reply_commitments), so the public state
+               never shows a node which of its requests was the challenge
+    attesting  EVERY member checks its private copy of every reply against the digest and the
+               node's registered key (a mismatch or a receipt the node did not sign can only
+               come from the leader: "leader faulty"), re-scores it with its own reference
+               model and posts an attestation (score, "not the committed prompt" or "leader
+               faulty"); once members with > 2/3 of
                the power have attested, the agreed credibility of a node is the median of their
                scores (at most f Byzantine attestors cannot move it outside the honest range),
                members > score_tolerance away from it get a disagreement mark, and if more than
-               N/3 members say a reply is not for the committed prompt the leader altered a
-               prompt: faulty, abort
+               N/3 members say a reply is not for the committed prompt or not the node's
+               signed reply, the leader altered it: faulty, abort
     resolving  nodes reported missing are probed by the other members with prompts of their own
                (epoch.node_decision): > N/3 failures (the leader's report counts as one) ->
                credibility 0; > 2N/3 successes -> the leader lied: faulty, abort
@@ -43,14 +48,14 @@ from dataclasses import replace
 from typing import Mapping, Protocol
 
 from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION, EpochRunParams
-from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
+from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_LEADER_FAULTY, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
 from gentorrent.ledger.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
 from verifier.epochs.audits import agree_audit_scores, fold_credibility
-from verifier.epochs.challenges import ChallengeEntry, ChallengeError, ChallengePlan, check_plan
+from verifier.epochs.challenges import (ChallengeEntry, ChallengeError, ChallengePlan, check_plan, epoch_probe_seed,
+                                        select_probe_set)
 from verifier.epochs.epoch import EpochRecord, node_decision
 
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
@@ -182,7 +187,16 @@ def _elect(view: StateView, sec: pb.EpochsSection) -> None:
     members = [(e.public_key.hex(), e.vrf_public_key) for e in sec.members]
     proofs = {p.public_key.hex(): p.proof for p in cur.proofs}
     cur.leader = bytes.fromhex(vrf.elect_leader(view.chain_id, cur.epoch, cur.seed, members, proofs))
+    cur.probe_set.extend(bytes.fromhex(n) for n in _probe_set(view, cur))
     _enter(view, cur, PLANNING)
+
+
+def _probe_set(view: StateView, cur: pb.EpochStateEntry) -> list[str]:
+    """The nodes this epoch's plan must cover: a function of committed state only (the model
+    nodes registered now and the election's VRF outputs), so no leader can leave one out."""
+    outputs = [vrf.proof_to_hash(p.proof) for p in sorted(cur.proofs, key=lambda p: p.public_key)]
+    seed = epoch_probe_seed(cur.seed, outputs)
+    return select_probe_set((node_id.hex() for node_id, _ in view.models.items()), seed, EPOCHS.max_probed_nodes)
 
 
 def _enter(view: StateView, cur: pb.EpochStateEntry, phase: str) -> None:
@@ -199,9 +213,15 @@ def _plan(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochPlan
     cur = _check_epoch(sec, m.epoch, PLANNING)
     _require_leader(cur, signer, "plan")
     plan = ChallengePlan(m.epoch, tuple(ChallengeEntry(e.node_id.hex(), e.commitment) for e in m.entries))
-    registered = [node_id.hex() for node_id, _ in view.models.items()]
+    required = {n.hex() for n in cur.probe_set}
+    if set(plan.node_ids) != required:
+        left_out, extra = sorted(required - set(plan.node_ids)), sorted(set(plan.node_ids) - required)
+        _abort(cur, faulty=True, reason=f"the plan does not cover the epoch's probe set (left out "
+                                        f"{[n[:16] for n in left_out[:REASONS_LISTED]]}, {len(left_out)} in all; "
+                                        f"not in it {[n[:16] for n in extra[:REASONS_LISTED]]})")
+        return
     try:
-        check_plan(plan, registered, EPOCHS)
+        check_plan(plan, required, EPOCHS)
     except ChallengeError as exc:
         raise _bad(f"plan refused: {exc}") from exc
     cur.plan.extend(m.entries)
@@ -217,28 +237,8 @@ def _replies(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochR
     if [r.node_id for r in m.replies] != [e.node_id for e in cur.plan]:
         raise _bad("the replies must cover exactly the planned nodes (a skipped node is reported missing)")
     cur.replies.extend(m.replies)
-    altered = [problem for r in m.replies if not r.missing for problem in _receipt_problems(view, r)]
-    if altered:
-        listed = "; ".join(altered[:REASONS_LISTED]) + (f" (and {len(altered) - REASONS_LISTED} more)"
-                                                          if len(altered) > REASONS_LISTED else "")
-        _abort(cur, faulty=True, reason="leader posted a reply its node did not sign: " + listed)
-        return
     _enter(view, cur, ATTESTING if any(not r.missing for r in cur.replies) else RESOLVING)
     _maybe_settle(view, sec)
-
-
-def _receipt_problems(view: StateView, r: pb.ProbeReply) -> list[str]:
-    node = view.models.get(r.node_id)
-    if node is None:  # deregistered during the epoch: nothing to check against, nothing to score
-        return []
-    try:
-        receipts.verify_receipt(r.receipt, node.public_key, None, list(r.token_ids))
-    except (receipts.ReceiptError, ValueError) as exc:
-        return [f"{r.node_id.hex()[:16]}: {exc}"]
-    if r.receipt.model != node.model:
-        return [f"{r.node_id.hex()[:16]}: the reply names model {r.receipt.model!r}, the node registered "
-                f"{node.model!r}"]
-    return []
 
 
 def _abort(cur: pb.EpochStateEntry, faulty: bool, reason: str) -> None:
@@ -263,10 +263,12 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
     cur = sec.current
     n = len(view.validators)
     tolerance = int(round(EPOCHS.score_tolerance * SCORE_SCALE))
-    result, mismatched = [], []
+    result, mismatched, unsigned = [], [], []
     for i, reply in enumerate(r for r in cur.replies if not r.missing):
         votes = [a.scores[i] for a in cur.attestations]
-        if 3 * sum(1 for v in votes if v.verdict == VERDICT_PROMPT_MISMATCH) > n:
+        if 3 * sum(1 for v in votes if v.verdict == VERDICT_LEADER_FAULTY) > n:
+            unsigned.append(reply.node_id.hex()[:16])
+        elif 3 * sum(1 for v in votes if v.verdict in (VERDICT_PROMPT_MISMATCH, VERDICT_LEADER_FAULTY)) > n:
             mismatched.append(reply.node_id.hex()[:16])
         scored = sorted(v.score_micros for v in votes if v.verdict == VERDICT_SCORED)
         if scored:
@@ -278,6 +280,10 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
                     member = _member(sec, a.public_key)
                     if member is not None:
                         member.disagreements += 1
+    if unsigned:
+        _abort(cur, faulty=True, reason=f"the leader's private replies of {unsigned[:REASONS_LISTED]} ({len(unsigned)} "
+                                        "in all) do not open its public digests or their node did not sign them")
+        return
     if mismatched:
         _abort(cur, faulty=True, reason=f"the replies of {mismatched} answer prompts other than the committed ones")
         return

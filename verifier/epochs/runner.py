@@ -9,10 +9,12 @@ of each phase, once, by submitting signed epoch transactions to its own node:
                    seeded topic/style draw, send the plain prompts privately to every other
                    member (Private RPC), then commit to them (epoch_plan)
     probing        (leader) ask every node its question through the anonymous overlay as an
-                   ordinary user node, and post the signed replies or missing reports
+                   ordinary user node, send the signed replies privately to every other member
+                   and post only their digests (or missing reports)
     attesting      first, when this member runs an audit desk, post the audit score per node
                    of the users' audits it scored since its last report (epoch_audit_report);
-                   then re-score every reply with this member's reference model after checking
+                   then check the leader's private copy of every reply against its public digest
+                   and the node's key, re-score it with this member's reference model after checking
                    that the signed receipt covers the committed prompt (epoch_attestation)
     attesting /    (not the leader) probe each node the leader reported missing with a prompt of
     resolving      this member's own, and report whether a valid signed reply came (epoch_probe_report)
@@ -42,8 +44,10 @@ from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf
 from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
-                                        draw_question_seed, prompt_key, select_probe_set, verify_reveal)
-from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
+                                        draw_question_seed, prompt_key, question_engine_seed, select_probe_set,
+                                        verify_reveal)
+from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
+from verifier.epochs.reply_commitments import private_reply_problem, public_reply
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
 
@@ -76,13 +80,15 @@ class Reference(Protocol):
 @dataclass
 class LeaderFaults:
     """Deliberate leader misbehaviour, for tests: node ids (hex) whose reply is dropped
-    (reported missing), altered (a token changed after the node signed) or forged (never asked:
+    (reported missing), altered (a token changed after the node signed), forged (never asked:
     the leader posts text of its own with a well-formed receipt that names the node but carries
-    the leader's signature, as a leader framing an honest node or vouching for a cheat would)."""
+    the leader's signature, as a leader framing an honest node or vouching for a cheat would) or
+    omitted (left out of the plan, as a leader shielding a cheater from probes would)."""
 
     drop: set[str] = field(default_factory=set)
     alter: set[str] = field(default_factory=set)
     forge: set[str] = field(default_factory=set)
+    omit: set[str] = field(default_factory=set)  # left out of the plan (the chain makes the leader faulty)
 
 
 FORGED_TOKENS = tuple(b"a reply the leader wrote itself")  # token ids of the forged text
@@ -122,6 +128,7 @@ class EpochRunner:
         self._done: set[tuple] = set()  # (epoch, action[, node]) this runner has completed
         self._busy: dict[tuple, asyncio.Task] = {}
         self._reveals: dict[int, dict[str, Reveal]] = {}  # epoch -> node id hex -> reveal
+        self._replies: dict[int, dict[str, pb.ProbeReply]] = {}  # epoch -> node id hex -> full reply (private)
         self._prepared: dict[int, tuple[bytes, dict[str, str]]] = {}  # epoch -> (seed, node -> question)
         self._task: asyncio.Task | None = None
         self.log: list[str] = []  # what it did, for status and tests
@@ -164,13 +171,16 @@ class EpochRunner:
 
     def on_private(self, payload: bytes) -> pb.Ack:
         try:
-            bundle = open_reveals(payload, self.host.box_private, self.host.box_public, self.host.members)
+            bundle = open_private(payload, self.host.box_private, self.host.box_public, self.host.members)
         except PrivateError as exc:
             return pb.Ack(ok=False, reason=str(exc)[:120])
         sec = self._section()
         if sec.current.leader and bundle.sender != sec.current.leader:
-            return pb.Ack(ok=False, reason="reveals from a member that does not lead this epoch")
-        self._reveals.setdefault(bundle.epoch, {}).update({r.node_id: r for r in bundle.reveals})
+            return pb.Ack(ok=False, reason="a private message from a member that does not lead this epoch")
+        if isinstance(bundle, RevealBundle):
+            self._reveals.setdefault(bundle.epoch, {}).update({r.node_id: r for r in bundle.reveals})
+        else:
+            self._replies.setdefault(bundle.epoch, {}).update({r.node_id.hex(): r for r in bundle.replies})
         return pb.Ack(ok=True)
 
     # ------------------------------------------------------------------ one look at the chain
@@ -204,8 +214,9 @@ class EpochRunner:
         if sec.epoch == 0:
             return
         e, phase, leader = cur.epoch, cur.phase, cur.leader == self.me
-        for old in [k for k in self._reveals if k < e - 2]:
-            del self._reveals[old]
+        for kept in (self._reveals, self._replies):
+            for old in [k for k in kept if k < e - 2]:
+                del kept[old]
         for old in [k for k in self._prepared if k < e]:
             del self._prepared[old]
         self._audits_reported = {k for k in self._audits_reported if k >= e - 1}
@@ -264,7 +275,7 @@ class EpochRunner:
     async def _write_question(self, seed: bytes, node_id: str, taken: set[str]) -> str | None:
         for attempt in range(self.params.question_attempts):
             q = draw_question_seed(seed, node_id, attempt)
-            text = await self.reference.write(build_meta_prompt(q), int.from_bytes(seed[:4], "big") + attempt)
+            text = await self.reference.write(build_meta_prompt(q), question_engine_seed(seed, node_id, attempt))
             try:
                 question = clean_question(text)
             except ChallengeError:
@@ -274,9 +285,9 @@ class EpochRunner:
                 return question
         return None
 
-    async def _questions(self, seed: bytes, node_ids: list[str]) -> dict[str, str]:
+    async def _questions(self, seed: bytes, node_ids: list[str], taken: set[str] | None = None) -> dict[str, str]:
         """One unique question per node, written concurrently (the engine batches them)."""
-        taken: set[str] = set()
+        taken = set() if taken is None else taken
         written = await asyncio.gather(*(self._write_question(seed, n, taken) for n in node_ids))
         return {n: q for n, q in zip(node_ids, written) if q is not None}
 
@@ -292,18 +303,21 @@ class EpochRunner:
         if task is not None:
             await asyncio.wait({task})
         seed, questions = self._prepared.get(epoch) or (secrets.token_bytes(32), {})
-        chosen = select_probe_set(models, seed, EPOCHS.max_probed_nodes)
-        missing = [n for n in chosen if n not in questions]  # registered since, or no usable question yet
-        if missing:
-            questions = {**questions, **await self._questions(seed + b"late", missing)}
-        reveals, taken = [], set()
-        for node_id in chosen:
-            question = questions.get(node_id)
-            if question is not None and prompt_key(question) not in taken:
-                taken.add(prompt_key(question))
-                reveals.append(Reveal(node_id, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), question))
+        cur = self._section().current
+        if cur.epoch != epoch:
+            return True
+        chosen = sorted(n.hex() for n in cur.probe_set)  # fixed by the chain: the plan must cover it all
+        questions = {n: q for n, q in questions.items() if n in chosen}
+        for round_ in range(self.params.question_rounds):  # a node left without a question makes us faulty
+            missing = [n for n in chosen if n not in questions]
+            if not missing:
+                break
+            taken = {prompt_key(q) for q in questions.values()}
+            questions.update(await self._questions(seed + b"late" + bytes([round_]), missing, taken))
+        reveals = [Reveal(n, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), questions[n])
+                   for n in chosen if n in questions and n not in self.faults.omit]
         self._reveals[epoch] = {r.node_id: r for r in reveals}
-        await self._send_reveals(epoch, reveals)
+        await self._send_private(epoch, "reveals", lambda key: seal_reveals(self.host.identity, key, epoch, reveals))
         entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
         ident = self.host.identity
         if not await self._submit(lambda s, c: epoch_txs.plan(ident, epoch, entries, s, chain_id=c),
@@ -312,8 +326,11 @@ class EpochRunner:
         if not await self._wait_phase(epoch, rules.PROBING):
             return True  # the plan did not commit in time (or was refused): the epoch is lost
         self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
-        items = await asyncio.gather(*(self._challenge(r, models[r.node_id].model) for r in reveals))
-        return await self._submit(lambda s, c: epoch_txs.replies(ident, epoch, list(items), s, chain_id=c),
+        items = await asyncio.gather(*(self._challenge(r, models.get(r.node_id)) for r in reveals))
+        self._replies[epoch] = {r.node_id.hex(): r for r in items}
+        await self._send_private(epoch, "replies", lambda key: seal_replies(ident, key, epoch, list(items)))
+        public = [public_reply(r) for r in items]  # the chain never sees a receipt or a prompt hash
+        return await self._submit(lambda s, c: epoch_txs.replies(ident, epoch, public, s, chain_id=c),
                                   f"epoch {epoch} replies")
 
     async def _wait_phase(self, epoch: int, phase: str, timeout_s: float = 120.0) -> bool:
@@ -326,21 +343,21 @@ class EpochRunner:
             await asyncio.sleep(self.params.poll_s)
         return False
 
-    async def _send_reveals(self, epoch: int, reveals: list[Reveal]) -> None:
+    async def _send_private(self, epoch: int, what: str, seal: Callable[[bytes], bytes]) -> None:
+        """Seal (to each other member's registered box key) and send; `seal` builds the payload."""
         keys = rules.member_keys_of(self._section())
         for member in sorted(self.host.members - {self.me}):
             entry = keys.get(member)
             if entry is None:
                 continue
-            payload = seal_reveals(self.host.identity, entry.box_public_key, epoch, reveals)
-            if not await self.host.send_private(member, payload):
-                self._note(f"epoch {epoch}: reveals not delivered to {member.hex()[:12]}")
+            if not await self.host.send_private(member, seal(entry.box_public_key)):
+                self._note(f"epoch {epoch}: {what} not delivered to {member.hex()[:12]}")
 
-    async def _challenge(self, reveal: Reveal, model: str) -> pb.ProbeReply:
+    async def _challenge(self, reveal: Reveal, entry: pb.ModelEntry | None) -> pb.ProbeReply:
         node = bytes.fromhex(reveal.node_id)
-        if reveal.node_id in self.faults.drop:
+        if reveal.node_id in self.faults.drop or entry is None:  # (None: deregistered since the election)
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
-        request = challenge_request(reveal.prompt, model, self.params)
+        request = challenge_request(reveal.prompt, entry.model, self.params)
         if reveal.node_id in self.faults.forge:
             tokens = list(FORGED_TOKENS)
             return pb.ProbeReply(node_id=node, token_ids=tokens,
@@ -357,8 +374,9 @@ class EpochRunner:
     async def _ask(self, request: pb.GenerateRequest, node_id: str) -> ProbeAnswer:
         if self.prober is None:
             raise ProbeFailed("this member has no overlay prober")
-        # independent of every other challenge, unpredictable (OS CSPRNG): see challenge_spread_s
-        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.challenge_spread_s))
+        # independent of every other challenge, unpredictable (OS CSPRNG), anywhere in the
+        # probing window: see EpochRunParams.challenge_spread_s
+        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.spread_s))
         try:
             answer = await asyncio.wait_for(self.prober.ask(request, node_id), self.params.probe_timeout_s)
         except asyncio.TimeoutError:
@@ -390,24 +408,29 @@ class EpochRunner:
                                   f"epoch {epoch} audit report ({len(scores)} nodes)")
 
     async def _attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
-        reveals = await self._await_reveals(epoch, cur)
+        reveals, private = await self._await_private(epoch, cur)
         models = self._models()
         commitments = {e.node_id.hex(): e.commitment for e in cur.plan}
         sampling = SamplingSpec(self.params.challenge_temperature, self.params.challenge_top_p)
         scores = []
         for r in (x for x in cur.replies if not x.missing):
             node = r.node_id.hex()
-            reveal, entry = reveals.get(node), models.get(node)
-            if reveal is None or entry is None:
+            reveal, entry, full = reveals.get(node), models.get(node), private.get(node)
+            if reveal is None or entry is None or full is None:
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
+                continue
+            problem = private_reply_problem(r, full, entry)
+            if problem is not None:
+                self._note(f"epoch {epoch}: the leader's reply of {node[:12]}: {problem}")
+                scores.append((r.node_id, 0, epoch_txs.VERDICT_LEADER_FAULTY))
                 continue
             request = challenge_request(reveal.prompt, entry.model, self.params)
             if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.prompt) or \
-                    not receipt_matches_request(r.receipt, request):
+                    not receipt_matches_request(full.receipt, request):
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
                 continue
             try:
-                report = score_reply(await self.reference.score(request, list(r.token_ids)), sampling)
+                report = score_reply(await self.reference.score(request, list(full.token_ids)), sampling)
             except (ScoringError, RuntimeError) as exc:
                 self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
@@ -419,14 +442,17 @@ class EpochRunner:
         return await self._submit(lambda s, c: epoch_txs.attestation(ident, epoch, scores, s, chain_id=c),
                                   f"epoch {epoch} attestation")
 
-    async def _await_reveals(self, epoch: int, cur: pb.EpochStateEntry, wait_s: float = 30.0) -> dict[str, Reveal]:
-        """The leader sends reveals before its plan commits; allow the RPC a moment to land."""
+    async def _await_private(self, epoch: int, cur: pb.EpochStateEntry,
+                             wait_s: float = 30.0) -> tuple[dict[str, Reveal], dict[str, pb.ProbeReply]]:
+        """The leader sends reveals before its plan commits and replies before its replies tx
+        commits; allow the RPCs a moment to land."""
         wanted = {e.node_id.hex() for e in cur.plan}
+        answered = {r.node_id.hex() for r in cur.replies if not r.missing}
         for _ in range(int(wait_s / 0.25)):
-            if wanted <= set(self._reveals.get(epoch, {})):
+            if wanted <= set(self._reveals.get(epoch, {})) and answered <= set(self._replies.get(epoch, {})):
                 break
             await asyncio.sleep(0.25)
-        return dict(self._reveals.get(epoch, {}))
+        return dict(self._reveals.get(epoch, {})), dict(self._replies.get(epoch, {}))
 
     # ------------------------------------------------------------------ missing replies
 

@@ -13,9 +13,10 @@ beside the runner and scores the audits users hand in with the same reference mo
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
-from gentorrent.config import EPOCH_RUN, EpochRunParams
+from gentorrent.config import CLOVES, EPOCH_RUN, EpochRunParams
 from verifier.epochs.audit_service import service_for
 from verifier.epochs.reference import RemoteReference
 from verifier.epochs.runner import EpochRunner, LeaderFaults
@@ -37,8 +38,10 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
         from verifier.epochs.overlay_prober import OverlayProber
 
         home = Path(node.home) / PROBE_HOME
-        user = UserNode(home, _probe_directory(probe, node.genesis, home), listen=user_listen,
-                        **(user_kwargs or {}))
+        kwargs = dict(user_kwargs or {})
+        # a fresh path set for every challenge: no two challenges (or own probes) share a path
+        kwargs["cloves"] = replace(kwargs.get("cloves", CLOVES), single_use_paths=True)
+        user = UserNode(home, _probe_directory(probe, node.genesis, home), listen=user_listen, **kwargs)
         await user.start()
         prober = OverlayProber(user)
     host = node.epoch_host()

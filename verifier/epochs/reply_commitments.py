@@ -1,0 +1,66 @@
+"""What the chain keeps of a challenge reply: a commitment, never the receipt (pure).
+
+A probed node's signed receipt carries the hash of the challenge prompt; posted in the public
+state it would let the node find the exact challenge in its own request log afterwards (one
+perfectly labelled example per epoch to learn from). So the leader posts, per probed node, only
+
+    missing flag (and reason)  or  SHA-256(domain || node id || receipt || token ids)
+
+and sends the full replies (receipt + tokens) to the other members privately, sealed like the
+reveals (verifier.epochs.private). Each member checks its private copy against the public
+digest and the node's registered key before it scores; a copy that does not match, or a
+receipt the node did not sign, can only come from the leader, and the member attests "leader
+faulty" (epoch_txs.VERDICT_LEADER_FAULTY). The digest is enough for later disputes: whoever
+holds the reply can show that it is the one the leader committed to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol, Sequence
+
+from gentorrent import receipts
+from gentorrent.wire import gentorrent_pb2 as pb
+
+__all__ = ["reply_digest", "public_reply", "private_reply_problem", "DIGEST_LEN"]
+
+_DOMAIN = b"gentorrent/epoch-reply-digest/v1"
+DIGEST_LEN = 32
+
+
+class RegisteredNode(Protocol):
+    """What a check needs of a model node's registration (ModelEntry and ModelRecord have it)."""
+
+    public_key: bytes
+    model: str
+
+
+def reply_digest(node_id: bytes, receipt: pb.ReplyReceipt, token_ids: Sequence[int]) -> bytes:
+    """The commitment to one reply; deterministic serialization, lengths prefixed."""
+    body = receipt.SerializeToString(deterministic=True)
+    h = hashlib.sha256(_DOMAIN + len(node_id).to_bytes(2, "big") + node_id + len(body).to_bytes(4, "big") + body)
+    h.update(len(token_ids).to_bytes(4, "big"))
+    for t in token_ids:
+        h.update(int(t).to_bytes(4, "big", signed=True))
+    return h.digest()
+
+
+def public_reply(full: pb.ProbeReply) -> pb.ProbeReply:
+    """The public form of a reply: node, missing flag, reason, and the digest of what it carries."""
+    if full.missing:
+        return pb.ProbeReply(node_id=full.node_id, missing=True, reason=full.reason)
+    return pb.ProbeReply(node_id=full.node_id, digest=reply_digest(full.node_id, full.receipt, list(full.token_ids)))
+
+
+def private_reply_problem(public: pb.ProbeReply, private: pb.ProbeReply, node: RegisteredNode) -> str | None:
+    """Why the leader's private copy of a reply is not the committed reply its node signed, or None."""
+    tokens = list(private.token_ids)
+    if private.node_id != public.node_id or reply_digest(public.node_id, private.receipt, tokens) != public.digest:
+        return "the private reply does not match the leader's public commitment"
+    try:
+        receipts.verify_receipt(private.receipt, node.public_key, None, tokens)
+    except (receipts.ReceiptError, ValueError) as exc:
+        return str(exc)
+    if private.receipt.model != node.model:
+        return f"the reply names model {private.receipt.model!r}, the node registered {node.model!r}"
+    return None
