@@ -148,8 +148,8 @@ def _loose_bound(reachable: list[dict]) -> list[str]:
             f"in {oracle_met} of these {len(reachable)}, and GenTorrent's mean is at or below the "
             f"oracle's in {ahead}: the bound, not the policy, is what is off here. It serves every "
             "request alone on the fastest engine, and two things no router removes separate it from "
-            "these groups. (1) The groups alternate H100s and A100s; on an A100 a request takes about "
-            "2.5 times as long (a third of the prefill speed, 1.6 times the decode step), and no "
+            "these groups. (1) The groups alternate H100s and A100s; on an A100 a request takes two to "
+            "three times as long (a third of the prefill speed, 1.5 times the decode step), and no "
             "forwarding's mean is half A100 requests. At load 0.5 the best a router can do is what "
             "the oracle does -- nearly everything on the H100s -- where the requests then share "
             "decode steps with each other's prefill chunks instead of running alone. (2) At load "
@@ -161,7 +161,7 @@ def _loose_bound(reachable: list[dict]) -> list[str]:
             "tau_c 1 or 3, chunks of 64 or 256 tokens, shared-match fraction 1, overload margin 0 "
             "or 3, homes off, home weights capacity^3) moves each by a few points and meets the goal "
             "in none; the shipped homes weighted by capacity^2 while lightly loaded (config.py "
-            "home_capacity_exponent) take most of the low-load gap to the oracle.", ""]
+            "home_capacity_exponent) narrow the gap to the oracle at load 0.5 without closing it.", ""]
 
 
 def _all_groups(rows: list[dict]) -> list[str]:
