@@ -109,15 +109,26 @@ class RoutingParams:
     # home of its prefix; False restores the paper's branches (least loaded member).
     homes: bool = True
     shared_match_fraction: float = 0.5  # a match held by this share of the group says nothing
+    # A member's share of prefix homes grows as capacity score ** this. With 1 every member is
+    # equally busy, so a group of H100s (score 10) and A100s (4) homes 2 in 7 new prefix
+    # families on engines that serve a request 2-3x slower, even when the H100s are nearly
+    # idle; at low load that decides the latency (results/sims/routing.md). With 2 the fast
+    # members get 100:16 of the homes -- but only while the home so chosen is below
+    # fast_home_load; busier, shares go back to capacity-proportional (exponent 1), since
+    # piling a loaded group's homes on its fast members overloads them (LongDoc, 8 nodes,
+    # load 1.5: mean +22 % against SGLang with the squared weights at every load).
+    home_capacity_exponent: float = 2.0
+    fast_home_load: float = 1.0
     # A forwarded request is passed on once more (never a third time) only if the node it
     # reached is more than this many relative-load units above the least loaded member: its
     # own load is fresh, what the forwarder knew was up to a gossip interval old.
     overload_margin: float = 1.0
     max_hops: int = 2
-    # Tokens per tree node beyond the Sentry's array L. 256, not 32: routing is as good or
-    # better in every simulated group (results/sims/routing.md), while trees, deltas and
-    # gossip merges cost 8x less (a peer's subtree is re-merged every gossip round), and
-    # max_tree_depth chunks cover 64k tokens instead of 8k.
+    # Tokens per tree node beyond the Sentry's array L. 128, not 32: trees, deltas and gossip
+    # merges cost 4x less (a peer's subtree is re-merged every gossip round) and
+    # max_tree_depth chunks cover 32k tokens instead of 8k. Routing barely depends on it: on
+    # the 4-node groups of results/sims/routing.md that miss a goal, chunks of 64, 128 and 256
+    # tokens give means within 6 points of each other (p99 is noisier), so cost sets it.
     default_chunk_length: int = 128
     max_tree_depth: int = 256  # chunks per prompt the tree follows (longer prompts truncate)
     gossip_interval_s: float = 5.0

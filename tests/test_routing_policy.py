@@ -103,12 +103,33 @@ def test_a_match_most_members_hold_is_homed_among_them_and_a_rare_one_is_not():
     assert len(over) == 1 and over <= set(names[4:])
 
 
+def _home_share(t: NodeTable, member: str, params, keys: int = 3000) -> float:
+    """Share of `keys` new prefixes (misses) whose home is `member`, decided at `member`."""
+    wins = [choose_node(member, SearchResult((), 1), t, hops=0, now=100, params=params,
+                        homes=HomeKeys(i.to_bytes(4, "big"), None)).node_id for i in range(keys)]
+    return wins.count(member) / len(wins)
+
+
 def test_rendezvous_shares_follow_capacity():
     t = table({"big": (0, 10), "small": (0, 2)})
-    wins = [choose_node("big", SearchResult((), 1), t, hops=0, now=100, params=PARAMS,
-                        homes=HomeKeys(i.to_bytes(4, "big"), None)).node_id for i in range(3000)]
-    share = wins.count("big") / len(wins)
+    share = _home_share(t, "big", replace(PARAMS, home_capacity_exponent=1.0))
     assert 0.78 < share < 0.88  # 10 / 12 = 0.83
+
+
+def test_idle_fast_members_are_home_to_most_new_prefixes():
+    # An H100-like member (score 10) and an A100-like one (4), both idle: a request on the
+    # slow one takes 2-3x as long, so the shipped exponent homes 100 in 116 new prefix
+    # families on the fast one, not 10 in 14 (capacity-proportional shares)
+    t = table({"fast": (0, 10), "slow": (0, 4)})
+    share = _home_share(t, "slow", PARAMS)  # the shipped exponent (PARAMS keeps it)
+    assert 0.10 < share < 0.18  # 16 / 116 = 0.14; capacity-proportional: 4 / 14 = 0.29
+    # the fast member past fast_home_load (a loaded group): shares go back to capacity
+    params = replace(PARAMS, load_threshold=8.0)
+    loaded = table({"fast": (15, 10), "slow": (6, 4)})
+    assert 0.24 < _home_share(loaded, "slow", params) < 0.34  # 4 / 14 = 0.29
+    # the fast member over the load threshold: every new family goes to the slow one
+    busy = table({"fast": (21, 10), "slow": (0, 4)})
+    assert _home_share(busy, "slow", PARAMS, keys=200) == 1.0
 
 
 def test_silent_peers_and_unknown_candidates_are_skipped():

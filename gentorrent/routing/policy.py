@@ -9,8 +9,8 @@ holders of its deepest tree match (depth >= tau_c):
 2. No match, or H has 2 members or more and at least ROUTING.shared_match_fraction of the
    group (a system prompt every member holds says nothing about where the rest of the
    prompt is cached): the request goes *home* -- the first member under threshold in the
-   rendezvous order (highest random weight, capacity-weighted) of `HomeKeys.next`, its
-   matched prefix plus the next chunk, among H if there is a match, else among all. Every
+   rendezvous order (highest random weight, capacity-weighted, fast engines first while
+   lightly loaded: `_first_under`) of `HomeKeys.next`, its matched prefix plus the next chunk, among H if there is a match, else among all. Every
    node computes the same order from the same roster, so the requests of a new prefix
    family (a new tool document after a shared system prompt, the turns of one chat) meet on
    one member before any gossip tells who holds what; the paper's miss branch ("the least
@@ -93,11 +93,11 @@ def choose_node(local_id: str, match: SearchResult, table: NodeTable, *, hops: i
         best = _keep_local(_least_loaded(under, local_id), local, under, params)
         return _decision(best, Reason.TREE_MATCH, local_id, match.depth)
     if under or not holders:  # a match most members hold, or none: the prefix's home
-        home = _first_under(homes.next, under or list(live.values()), thr)
+        home = _first_under(homes.next, under or list(live.values()), params)
         if home is not None:
             return _decision(home, Reason.HOME, local_id, match.depth)
     else:  # every holder is busy: the overflow's home
-        home = _first_under(homes.matched, list(live.values()), thr)
+        home = _first_under(homes.matched, list(live.values()), params)
         if home is not None:
             return _decision(home, Reason.HOME, local_id, match.depth)
     best = _least_loaded(list(live.values()), local_id)
@@ -106,21 +106,29 @@ def choose_node(local_id: str, match: SearchResult, table: NodeTable, *, hops: i
     return _decision(best, Reason.LEAST_LOADED, local_id, match.depth)
 
 
-def _first_under(key: bytes | None, rows: list[NodeLoad], threshold: float) -> NodeLoad | None:
-    if key is None:
+def _first_under(key: bytes | None, rows: list[NodeLoad], params: RoutingParams) -> NodeLoad | None:
+    """The home of `key` among `rows`: its first member by capacity**home_capacity_exponent
+    while that member is lightly loaded (fast engines first: see config.py), else the first
+    member under the load threshold by capacity (every member equally busy)."""
+    if key is None or not rows:
         return None
-    return next((r for r in rendezvous_order(key, rows) if r.relative_load < threshold), None)
+    fast = rendezvous_order(key, rows, params.home_capacity_exponent)[0]
+    if fast.relative_load < min(params.fast_home_load, params.load_threshold):
+        return fast
+    order = rendezvous_order(key, rows)
+    return next((r for r in order if r.relative_load < params.load_threshold), None)
 
 
-def rendezvous_order(key: bytes, rows) -> list[NodeLoad]:
+def rendezvous_order(key: bytes, rows, exponent: float = 1.0) -> list[NodeLoad]:
     """Members by weighted rendezvous score for `key` (Schindelhauer & Schomaker's
-    logarithmic method): each gets -capacity / ln(u), u uniform in (0, 1) from a hash of
-    (key, node id), highest first. A member's share of keys is proportional to its capacity,
-    and a member joining or leaving moves only the keys it wins or held."""
+    logarithmic method): each gets -capacity**exponent / ln(u), u uniform in (0, 1) from a
+    hash of (key, node id), highest first. A member's share of keys is proportional to its
+    weight capacity**exponent, and a member joining or leaving moves only the keys it wins
+    or held. Homes use ROUTING.home_capacity_exponent (config.py says why it is not 1)."""
     def score(row: NodeLoad) -> tuple[float, str]:
         h = hashlib.blake2b(key + row.node_id.encode(), digest_size=8, person=b"gt-rdv").digest()
         u = (int.from_bytes(h, "big") + 0.5) / 2**64
-        return (-max(1, row.capacity) / math.log(u), row.node_id)
+        return (-float(max(1, row.capacity)) ** exponent / math.log(u), row.node_id)
     return sorted(rows, key=score, reverse=True)
 
 
