@@ -78,6 +78,7 @@ class OverlayParams:
     build_attempts: int = 8  # tries to build one path before giving up for this round
     max_model_attempts: int = 3  # model nodes tried per ask
     failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
+    reputation_band: float = 0.02  # reputations this close count as equal: users shuffle among them
     link_hello_timeout_s: float = 5.0  # a proxy must authenticate on a model node's link within this
     link_queue_frames: int = 4096  # frames queued on one link before new ones are dropped (counted)
     max_affinities: int = 4096  # conversation -> model node pairs a user remembers (oldest forgotten first)
