@@ -253,6 +253,9 @@ class ScoringParams:
     support_allowance: float = 0.03  # share of out-of-support tokens that costs nothing
     max_out_of_support: float = 0.15  # share of out-of-support tokens that drives credibility to 0
     min_tokens: int = 1  # a reply with fewer scored tokens has credibility 0
+    # a reply must answer its own prompt (verifier/epochs/repeats.py and the relevance test):
+    repeat_memory: int = 8  # outputs each member remembers per node (hashes only, never on chain)
+    repeat_min_tokens: int = 16  # shorter outputs (or greedy ones) may repeat honestly
 
 
 SCORING = ScoringParams()
