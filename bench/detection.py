@@ -84,28 +84,6 @@ class Served:
                 self.proc.wait(10)
 
 
-async def _questions(reference, n: int, seed: bytes) -> list[str]:
-    from verifier.epochs.challenges import (ChallengeError, build_meta_prompt, clean_question, draw_question_seed,
-                                            prompt_key)
-
-    async def one(attempt: int) -> str | None:
-        try:
-            return clean_question(await reference.write(build_meta_prompt(draw_question_seed(seed, "bench", attempt)),
-                                                        attempt))
-        except ChallengeError:
-            return None
-
-    out, keys, attempt = [], set(), 0
-    while len(out) < n and attempt < 20 * n:
-        batch = await asyncio.gather(*(one(attempt + i) for i in range(16)))
-        attempt += 16
-        for question in batch:
-            if question and prompt_key(question) not in keys and len(out) < n:
-                keys.add(prompt_key(question))
-                out.append(question)
-    return out
-
-
 SHAPES = ("single", "system", "multi-turn", "document")
 SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a concise assistant. Answer in a few sentences.",
                   "You are a friendly tutor who explains things simply.")
@@ -194,6 +172,7 @@ async def _record_node(reference, info: dict, questions: list[str], specs: list[
 
 async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency: int) -> dict:
     """Record every reply not yet in the cache (resumable: rerun after a stop)."""
+    from testkit.cheater_training import challenge_questions
     from verifier.epochs.reference import RemoteReference
 
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -206,7 +185,7 @@ async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency:
         ref_info = await asyncio.to_thread(ref_proc.wait)
         reference = RemoteReference(ref_info["address"], Path(ref_info["cert_file"]).read_bytes())
         if len(questions) < n_questions:
-            questions = await _questions(reference, n_questions, os.urandom(32))
+            questions = await challenge_questions(reference, n_questions, os.urandom(32))
             qfile.write_text(json.dumps(questions, indent=1))
             _progress(f"{len(questions)} questions written by the reference model")
         specs = request_specs(len(questions), max(n_honest, per_cheater), 18)

@@ -256,6 +256,8 @@ class ScoringParams:
     # a reply must answer its own prompt (verifier/epochs/repeats.py and the relevance test):
     repeat_memory: int = 8  # outputs each member remembers per node (hashes only, never on chain)
     repeat_min_tokens: int = 16  # shorter outputs (or greedy ones) may repeat honestly
+    relevance_tokens: int = 16  # opening tokens of the relevance test
+    relevance_slack_nats: float = 0.10  # its noise floor, nats per token
 
 
 SCORING = ScoringParams()
