@@ -33,7 +33,7 @@ from gentorrent.config import EPOCH_RUN, EpochRunParams
 from gentorrent.wire import gentorrent_pb2 as pb
 
 __all__ = ["ChallengeShape", "PublicChallengeShape", "TextModel", "TimingSignal", "ChallengeDetector",
-           "words", "features"]
+           "words", "features", "no_timing", "epoch_timing"]
 
 _WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9]")
 
@@ -99,6 +99,25 @@ TimingSignal = Callable[[], float]
 
 def no_timing() -> float:
     return 0.0
+
+
+def epoch_timing(section: pb.EpochsSection | None, node_id: bytes, sure: float = 4.0) -> float:
+    """Log-odds from the committee's PUBLIC epochs section (the `/epochs` query any node may make).
+
+    Challenges leave only while an epoch is probing (and members' own probes of nodes reported
+    missing while it is resolving); a public plan that names the planned nodes tells a node
+    whether it is probed at all. Where the plan names no one (committed only as hashes), the
+    phase alone is the signal.
+    """
+    if section is None or not section.HasField("current"):
+        return 0.0
+    cur = section.current
+    if cur.phase == "probing":
+        named = {e.node_id for e in cur.plan if e.node_id}
+        return sure if not named or node_id in named else -sure
+    if cur.phase == "resolving":
+        return sure if any(r.node_id == node_id and r.missing for r in cur.replies) else -sure
+    return -sure  # electing, planning, attesting, done: no challenge is in flight
 
 
 @dataclass

@@ -109,3 +109,15 @@ def test_a_text_model_trained_on_self_generated_challenges_recognises_held_out_o
     challenges = json.loads((Path(__file__).parent / "data" / "generated_challenges.json").read_text())
     result = cross_validate(challenges, list(USER_PROMPTS), folds=5)
     assert result["accuracy"] >= 0.75 and result["tpr"] >= 0.7, result  # the text gives challenges away
+
+
+def test_the_public_epoch_phase_tells_a_node_when_it_can_be_probed():
+    from model_node.selective import epoch_timing
+
+    me, other = b"m" * 32, b"o" * 32
+    probing = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment(node_id=me)]))
+    assert epoch_timing(probing, me) > 0 > epoch_timing(probing, other)  # the plan names who is probed
+    assert epoch_timing(pb.EpochsSection(current=pb.EpochStateEntry(phase="attesting")), me) < 0
+    hidden = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment()]))
+    assert epoch_timing(hidden, other) > 0  # a plan of hashes only: the phase is all it knows
+    assert epoch_timing(None, me) == 0.0
