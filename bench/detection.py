@@ -1,24 +1,27 @@
-"""Cheater detection: reputation of 2 honest nodes and each cheater over 35 epochs, gamma in
-{1, 1/3, 1/5} (the paper's Fig. 12), from REAL credibilities of real nodes.
+"""Cheater detection: honest false-positive rate and epochs-to-untrusted per cheater kind over
+35 epochs, from REAL credibilities of real nodes.
 
-    .venv/bin/python bench/detection.py [--per-node 6] [--reuse] [--kinds pruned,noisy,...]
+    flock /tmp/gt-heavy.lock nice .venv/bin/python bench/detection.py [--honest 200] [--per-cheater 30]
+    .venv/bin/python bench/detection.py --no-record     # re-analyse the cache (seconds)
+    .venv/bin/python bench/detection.py --quick         # smoke run
 
 Two stages, said out loud:
 
-1. Recording (real parts, slow): a reference `gt-model serve` (SmolLM2-135M) writes challenge
-   questions from seeded topic/style draws (never a fixed list); every node - two honest ones
-   (independent samples of the honest model) and one `gt-model serve --dishonest KIND` per cheater
-   - answers each question with the challenge request a verifier sends (the same bytes the
-   overlay would carry), and the reference scores every reply in one teacher-forced pass
-   (verifier.epochs.scoring, the committee's credibility). Scores are cached in
-   results/detection_scores.json (--reuse skips nodes already recorded).
-2. Replay (pure): 35 epochs per gamma, each node's C(T) drawn (seeded) from ITS recorded
-   credibilities, through verifier.epochs.reputation exactly as FinalizeBlock applies it. 35
-   live epochs per gamma on this 2-core machine would take hours; the reputation math is the
-   committee's own code either way.
+1. Recording (real parts, slow, resumable): a reference `gt-model serve` (SmolLM2-135M) writes
+   questions from seeded topic/style draws of the public challenge generator; they go out in
+   several request shapes (single question, system prompt, multi-turn, pasted notes), at
+   temperatures 0-1, top_p 1 or 0.9, 96 or 128 tokens, streamed or not. The honest node (the
+   reference itself: independent samples of the honest model) answers --honest of them and each
+   `gt-model serve --dishonest KIND` answers --per-cheater; the reference scores every reply in
+   one teacher-forced pass. The raw token scores go to results/detection_cache/ (gitignored), so
+   a change to the scoring is re-measured with --no-record in seconds.
+2. Resampling (pure): --runs runs of 35 epochs per node, one challenge per epoch drawn from ITS
+   recorded replies, through each member's repeated-output memory (verifier.epochs.repeats) and
+   the reputation update exactly as FinalizeBlock applies it.
 
-Prints ONE JSON line (epochs until each cheater is untrusted per gamma, lowest honest reputation,
-the honest credibility quantiles and the tau they suggest) and writes results/detection.png.
+Prints ONE JSON line (honest false-positive rate with its 95 % Wilson interval, the
+epochs-to-untrusted distribution per cheater kind, the selective cheater's own accuracy) and
+writes results/detection.png and results/detection_scores.json (per-reply credibilities).
 """
 
 from __future__ import annotations
@@ -56,14 +59,15 @@ def _progress(msg: str) -> None:
 class Served:
     """One `gt-model serve` process (optionally dishonest) on 127.0.0.1."""
 
-    def __init__(self, kind: str | None) -> None:
+    def __init__(self, kind: str | None, env: dict | None = None) -> None:
         self.kind = kind
         self.home = Path(tempfile.mkdtemp(prefix=f"gt-detect-{kind or 'honest'}-"))
         extra = ["--dishonest", kind] if kind else []
         self.log = open(self.home / "serve.out", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "model_node.cli", "serve", "--model", MODEL,
                                       "--home", str(self.home), "--listen", "127.0.0.1:0", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                     env=env)
 
     def wait(self, timeout: float = 1200.0) -> dict:
         deadline = time.monotonic() + timeout
@@ -191,7 +195,7 @@ async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency:
         specs = request_specs(len(questions), max(n_honest, per_cheater), 18)
         await _record_node(reference, ref_info, questions, specs[:n_honest], "honest", concurrency)
         for label in kinds:
-            proc = Served(label)
+            proc = Served(label, await _selective_env(reference) if label == "selective" else None)
             try:
                 info = await asyncio.to_thread(proc.wait)
                 await _record_node(reference, info, questions, specs[:per_cheater], label, max(1, concurrency // 2))
@@ -201,6 +205,23 @@ async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency:
     finally:
         ref_proc.stop()
     return {"questions": questions, "specs": specs}
+
+
+async def _selective_env(reference) -> dict:
+    """The selective cheater as a real one would be built: its text model is trained on challenges
+    it had the public reference write from the public generator (an independent draw from the
+    bench's own), against user prompts. The bench's challenges come in user-ask shapes (as they
+    must once drawn from a traffic model), so the cheater's shape signal is off."""
+    from testkit.cheater_training import challenge_questions, cross_validate, train_text_model
+    from testkit.user_prompts import USER_PROMPTS
+
+    qfile, model_file = CACHE / "cheater_questions.json", CACHE / "selective_text_model.json"
+    if not qfile.exists():
+        qfile.write_text(json.dumps(await challenge_questions(reference, 100, os.urandom(32), "cheater"), indent=1))
+    questions = json.loads(qfile.read_text())
+    train_text_model(questions, list(USER_PROMPTS)).save(model_file)
+    _progress(f"selective text model: {cross_validate(questions, list(USER_PROMPTS))}")
+    return {**os.environ, "GT_SELECTIVE_TEXT_MODEL": str(model_file), "GT_SELECTIVE_SHAPE": "none"}
 
 
 def load_replies(label: str, specs: list[dict]) -> list[dict]:
@@ -232,9 +253,10 @@ def score_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run_epochs(rows: list[dict], epochs: int, rng: random.Random) -> list[float]:
+def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: bool = True) -> list[float]:
     """One node's reputation over `epochs`: one challenge per epoch drawn from its replies, through
-    the committee's repeated-output memory and reputation update (FinalizeBlock's pure code)."""
+    the committee's repeated-output memory and reputation update (FinalizeBlock's pure code).
+    `memory_on=False`: a replayer that never repeats an output (the relevance test alone)."""
     from gentorrent.config import REPUTATION
     from verifier.epochs import reputation as rep
     from verifier.epochs.repeats import CommitteeMemory
@@ -243,7 +265,8 @@ def run_epochs(rows: list[dict], epochs: int, rng: random.Random) -> list[float]
     order = rng.sample(rows, len(rows)) if len(rows) >= epochs else [rng.choice(rows) for _ in range(epochs)]
     for row in order[:epochs]:
         prompt, output = bytes.fromhex(row["prompt_hash"]), bytes.fromhex(row["output_hash"])
-        cred = memory.judge("node", prompt, output, row["temperature"], row["tokens"], row["credibility"])
+        cred = memory.judge("node", prompt, output, row["temperature"], row["tokens"], row["credibility"]) \
+            if memory_on else row["credibility"]
         state = rep.update(state, cred, REPUTATION)
         curve.append(state.reputation)
     return curve
@@ -310,6 +333,9 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
     dists = {label: [epochs_until_untrusted(run_epochs(rows, epochs, rng), below) for _ in range(runs)]
              for label, rows in scored.items()}
     plot({label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}, dists, below, epochs)
+    if "replay" in scored:  # a replayer with a pool of other prompts' replies never repeats one
+        dists["replay (no output repeated)"] = [epochs_until_untrusted(run_epochs(scored["replay"], epochs, rng, False),
+                                                                       below) for _ in range(runs)]
     cheaters = {k: distribution(v, epochs) for k, v in dists.items() if k != "honest"}
     lo, hi = wilson(fp, len(honest))
     return {
@@ -325,8 +351,23 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
         "epochs_until_untrusted": cheaters,
         "goal_met": all(d["within_5"] == 1.0 for d in cheaters.values())
         and not any(v is not None for v in dists.get("honest", [])),
+        "selective_text_model": _selective_accuracy(),
         "figure": str(FIGURE.relative_to(ROOT)), "resampled_from_recorded_scores": True,
     }
+
+
+def _selective_accuracy() -> dict | None:
+    """How often the selective cheater's text model takes the bench's challenges for challenges."""
+    from model_node.selective import TextModel
+    from testkit.cheater_training import cross_validate, rates
+    from testkit.user_prompts import USER_PROMPTS
+
+    model_file, qfile = CACHE / "selective_text_model.json", CACHE / "cheater_questions.json"
+    if not model_file.exists():
+        return None
+    bench_questions = json.loads((CACHE / "questions.json").read_text())
+    return {"on_bench_challenges": rates(TextModel.load(model_file), bench_questions, []),
+            "cross_validated_on_its_own": cross_validate(json.loads(qfile.read_text()), list(USER_PROMPTS))}
 
 
 def main(argv: list[str] | None = None) -> dict:
