@@ -258,6 +258,7 @@ class ScoringParams:
     repeat_min_tokens: int = 16  # shorter outputs (or greedy ones) may repeat honestly
     relevance_tokens: int = 16  # opening tokens of the relevance test
     relevance_slack_nats: float = 0.10  # its noise floor, nats per token
+    relevance_tail_slack: float = 0.1  # added to the expected out-of-top-k count of the opening tokens
 
 
 SCORING = ScoringParams()
