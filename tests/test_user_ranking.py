@@ -9,22 +9,9 @@ from collections import Counter
 import pytest
 
 from gentorrent.config import OverlayParams
-from gentorrent.ledger.sections import ModelRecord
+from test_faults_models import _Models, _record  # a directory of model records, for Asker units
 from user_client.asking import Asker
 from user_client.ranking import rank_by_reputation
-
-
-class _Models:
-    def __init__(self, records) -> None:
-        self.records = records
-
-    def models(self):
-        return list(self.records)
-
-
-def _record(name: str, reputation: float) -> ModelRecord:
-    return ModelRecord(node_id=name.encode() * 32, public_key=b"k" * 32, address=f"127.0.0.1:{len(name)}",
-                       model="m", onion_key=b"o" * 32, tls_cert_pem=b"", reputation=reputation)
 
 
 def test_a_node_one_float_step_below_one_gets_a_fair_share_of_first_choices():
