@@ -53,3 +53,48 @@ def test_the_memory_is_bounded_per_node_and_in_nodes():
     for i in range(20):
         committee.judge(f"node {i}", _h("p"), _h("r"), 0.7, 128, 1.0)
     assert len(committee.nodes) == 5 and "node 19" in committee.nodes
+
+
+# ----------------------------------------------------------------------------- the relevance test
+
+
+def _recorded() -> list[dict]:
+    """Real token scores of honest SmolLM2-135M replies (bench/detection.py's recording)."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "data" / "honest_reply_scores.json").read_text())
+
+
+def _score(reply: dict, params=SCORING):
+    from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
+
+    s = reply["scores"]
+    scores = TokenScores([t[0] for t in s], [t[1] for t in s], [dict(enumerate(t[2])) for t in s])
+    return score_reply(scores, SamplingSpec(reply["temperature"], reply["top_p"]), params)
+
+
+def _opened_elsewhere(reply: dict, k: int) -> dict:
+    """The same reply opening with `k` words of another prompt's subject (outside the top-k)."""
+    s = [list(t) for t in reply["scores"]]
+    for i in range(k):
+        s[i] = [min(-9.0, s[i][2][-1] - 1.0), 60, s[i][2]]
+    return {**reply, "scores": s}
+
+
+def test_a_reply_that_opens_on_another_subject_fails_the_relevance_test():
+    """After the first few tokens the reference follows the replayed text; the whole-reply tests
+    pass it (credibility 1.0 without the relevance test), the opening-token test does not."""
+    no_relevance = replace(SCORING, relevance_tokens=0)
+    reply = _recorded()[0]  # 128 tokens, sampled at temperature 0.7
+    attack = _opened_elsewhere(reply, 5)
+    assert _score(attack, no_relevance).credibility == 1.0
+    report = _score(attack)
+    assert report.credibility < 0.1 and report.z["relevance"] > 4, report.z
+
+
+def test_recorded_honest_replies_pass_the_relevance_test():
+    for reply in _recorded():
+        report = _score(reply)
+        assert report.z["relevance"] < SCORING.z_tolerance and report.z["opening_tail"] < SCORING.z_tolerance
+        assert report.credibility == 1.0, (reply["shape"], reply["temperature"], report.z)
