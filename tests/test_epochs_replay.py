@@ -98,3 +98,11 @@ def test_recorded_honest_replies_pass_the_relevance_test():
         report = _score(reply)
         assert report.z["relevance"] < SCORING.z_tolerance and report.z["opening_tail"] < SCORING.z_tolerance
         assert report.credibility == 1.0, (reply["shape"], reply["temperature"], report.z)
+
+
+def test_the_opening_tail_z_is_finite_for_any_count():
+    """Every opening token outside the top-k (random tokens) must give a large, finite z."""
+    from verifier.epochs.scoring import _poisson_z
+
+    assert _poisson_z(0, 0.5) == 0.0 and 0 < _poisson_z(2, 0.16) < 3 < _poisson_z(3, 0.16)
+    assert 30 < _poisson_z(128, 0.001) < 100

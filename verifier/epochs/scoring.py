@@ -222,7 +222,7 @@ def _poisson_z(count: int, expected: float) -> float:
         below += term
         term *= lam / (j + 1)
     p_value = max(1e-300, 1.0 - below) if below < 0.999999 else max(1e-300, term)  # P(X >= count)
-    return max(0.0, NormalDist().inv_cdf(1.0 - p_value)) if p_value < 0.5 else 0.0
+    return -NormalDist().inv_cdf(p_value) if p_value < 0.5 else 0.0
 
 
 def score_reply(
