@@ -332,10 +332,10 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
     rng = random.Random(seed)
     dists = {label: [epochs_until_untrusted(run_epochs(rows, epochs, rng), below) for _ in range(runs)]
              for label, rows in scored.items()}
-    plot({label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}, dists, below, epochs)
     if "replay" in scored:  # a replayer with a pool of other prompts' replies never repeats one
         dists["replay (no output repeated)"] = [epochs_until_untrusted(run_epochs(scored["replay"], epochs, rng, False),
                                                                        below) for _ in range(runs)]
+    plot({label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}, dists, below, epochs)
     cheaters = {k: distribution(v, epochs) for k, v in dists.items() if k != "honest"}
     lo, hi = wilson(fp, len(honest))
     return {
