@@ -152,16 +152,24 @@ class RetokenisingGenerator(LocalGenerator):
             self._tokenizer = AutoTokenizer.from_pretrained(str(catalogue.resolve(self.claimed).path))
         return self._tokenizer
 
-    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
-        request = prepared.request
-        text = []
+    def _flattened(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+        """A base model (gemma3-270m here) has no chat template: the cheater flattens the chat."""
         inner = pb.GenerateRequest()
         inner.CopyFrom(request)
         if inner.messages and not getattr(self.engine.tokenizer, "chat_template", None):
-            # a base model (gemma3-270m here) has no chat template: the cheater flattens the chat
             inner.prompt = "".join(f"{m.role}: {m.content}\n" for m in inner.messages) + "assistant:"
             del inner.messages[:]
-        async for chunk in super().serve(self.prepare(inner)):  # signed by the honest path; re-signed below
+        return inner
+
+    def prepare(self, request: pb.GenerateRequest) -> PreparedJob:
+        """Checked and tokenized as the flattened chat; the job keeps the request it answers."""
+        prepared = super().prepare(self._flattened(request))
+        return PreparedJob(request, prepared.job, prepared.prompt_ids)
+
+    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
+        request = prepared.request
+        text = []
+        async for chunk in super().serve(self.prepare(request)):  # signed by the honest path; re-signed below
             text.append(chunk.text)
         tokens = list(self.claimed_tokenizer().encode("".join(text), add_special_tokens=False))[
             : max(1, request.sampling.max_tokens or self.params.default_max_tokens)] or [0]
