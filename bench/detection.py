@@ -1,24 +1,27 @@
-"""Cheater detection: reputation of 2 honest nodes and each cheater over 35 epochs, gamma in
-{1, 1/3, 1/5} (the paper's Fig. 12), from REAL credibilities of real nodes.
+"""Cheater detection: honest false-positive rate and epochs-to-untrusted per cheater kind over
+35 epochs, from REAL credibilities of real nodes.
 
-    .venv/bin/python bench/detection.py [--per-node 6] [--reuse] [--kinds pruned,noisy,...]
+    flock /tmp/gt-heavy.lock nice .venv/bin/python bench/detection.py [--honest 200] [--per-cheater 30]
+    .venv/bin/python bench/detection.py --no-record     # re-analyse the cache (seconds)
+    .venv/bin/python bench/detection.py --quick         # smoke run
 
 Two stages, said out loud:
 
-1. Recording (real parts, slow): a reference `gt-model serve` (SmolLM2-135M) writes challenge
-   questions from seeded topic/style draws (never a fixed list); every node - two honest ones
-   (independent samples of the honest model) and one `gt-model serve --dishonest KIND` per cheater
-   - answers each question with the challenge request a verifier sends (the same bytes the
-   overlay would carry), and the reference scores every reply in one teacher-forced pass
-   (verifier.epochs.scoring, the committee's credibility). Scores are cached in
-   results/detection_scores.json (--reuse skips nodes already recorded).
-2. Replay (pure): 35 epochs per gamma, each node's C(T) drawn (seeded) from ITS recorded
-   credibilities, through verifier.epochs.reputation exactly as FinalizeBlock applies it. 35
-   live epochs per gamma on this 2-core machine would take hours; the reputation math is the
-   committee's own code either way.
+1. Recording (real parts, slow, resumable): a reference `gt-model serve` (SmolLM2-135M) writes
+   questions from seeded topic/style draws of the public challenge generator; they go out in
+   several request shapes (single question, system prompt, multi-turn, pasted notes), at
+   temperatures 0-1, top_p 1 or 0.9, 96 or 128 tokens, streamed or not. The honest node (the
+   reference itself: independent samples of the honest model) answers --honest of them and each
+   `gt-model serve --dishonest KIND` answers --per-cheater; the reference scores every reply in
+   one teacher-forced pass. The raw token scores go to results/detection_cache/ (gitignored), so
+   a change to the scoring is re-measured with --no-record in seconds.
+2. Resampling (pure): --runs runs of 35 epochs per node, one challenge per epoch drawn from ITS
+   recorded replies, through each member's repeated-output memory (verifier.epochs.repeats) and
+   the reputation update exactly as FinalizeBlock applies it.
 
-Prints ONE JSON line (epochs until each cheater is untrusted per gamma, lowest honest reputation,
-the honest credibility quantiles and the tau they suggest) and writes results/detection.png.
+Prints ONE JSON line (honest false-positive rate with its 95 % Wilson interval, the
+epochs-to-untrusted distribution per cheater kind, the selective cheater's own accuracy) and
+writes results/detection.png and results/detection_scores.json (per-reply credibilities).
 """
 
 from __future__ import annotations
@@ -33,16 +36,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = Path(__file__).resolve().parents[1]
 SCORES = ROOT / "results" / "detection_scores.json"
+CACHE = ROOT / "results" / "detection_cache"  # raw token scores (gitignored; resumable)
 FIGURE = ROOT / "results" / "detection.png"
-CHEATERS = ("pruned", "noisy", "other-model", "random", "replay", "selective")
-GAMMAS = {"1": 1.0, "1/3": 1 / 3, "1/5": 1 / 5}
+CHEATERS = ("replay", "pruned", "noisy", "other-model", "random", "selective")  # selective last
 EPOCHS_RUN = 35
 MODEL = "smollm2-135m"
 
@@ -57,14 +59,15 @@ def _progress(msg: str) -> None:
 class Served:
     """One `gt-model serve` process (optionally dishonest) on 127.0.0.1."""
 
-    def __init__(self, kind: str | None) -> None:
+    def __init__(self, kind: str | None, env: dict | None = None) -> None:
         self.kind = kind
         self.home = Path(tempfile.mkdtemp(prefix=f"gt-detect-{kind or 'honest'}-"))
         extra = ["--dishonest", kind] if kind else []
         self.log = open(self.home / "serve.out", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "model_node.cli", "serve", "--model", MODEL,
                                       "--home", str(self.home), "--listen", "127.0.0.1:0", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                     env=env)
 
     def wait(self, timeout: float = 1200.0) -> dict:
         deadline = time.monotonic() + timeout
@@ -85,166 +88,309 @@ class Served:
                 self.proc.wait(10)
 
 
-async def _questions(reference, n: int, seed: bytes) -> list[str]:
-    from verifier.epochs.challenges import (ChallengeError, build_meta_prompt, clean_question, draw_question_seed,
-                                            prompt_key)
-
-    out, keys, attempt = [], set(), 0
-    while len(out) < n and attempt < 20 * n:
-        q = draw_question_seed(seed, "bench", attempt)
-        attempt += 1
-        try:
-            question = clean_question(await reference.write(build_meta_prompt(q), attempt))
-        except ChallengeError:
-            continue
-        if prompt_key(question) not in keys:
-            keys.add(prompt_key(question))
-            out.append(question)
-    return out
+SHAPES = ("single", "system", "multi-turn", "document")
+SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a concise assistant. Answer in a few sentences.",
+                  "You are a friendly tutor who explains things simply.")
+TEMPERATURES = (0.0, 0.3, 0.5, 0.7, 1.0)
 
 
-async def _record_node(reference, info: dict, questions: list[str], label: str) -> list[dict]:
+def request_specs(n_questions: int, count: int, seed: int) -> list[dict]:
+    """`count` request shapes (message structure, sampling, max_tokens, streaming), seeded."""
+    rng = random.Random(seed)
+    specs = []
+    for i in range(count):
+        q = i % n_questions
+        others = rng.sample([j for j in range(n_questions) if j != q], 3)
+        specs.append({"i": i, "question": q, "others": others, "shape": SHAPES[i % len(SHAPES)],
+                      "system": rng.choice(SYSTEM_PROMPTS), "temperature": rng.choice(TEMPERATURES),
+                      "top_p": rng.choice((1.0, 1.0, 0.9)), "max_tokens": rng.choice((96, 128, 128)),
+                      "stream": rng.random() < 0.5})
+    return specs
+
+
+def build_request(spec: dict, questions: list[str]):
+    """The GenerateRequest of one spec (the same bytes whichever node answers it)."""
+    from gentorrent.generation import make_request
+
+    q, others = questions[spec["question"]], [questions[j] for j in spec["others"]]
+    if spec["shape"] == "single":
+        messages = [{"role": "user", "content": q}]
+    elif spec["shape"] == "system":
+        messages = [{"role": "system", "content": spec["system"]}, {"role": "user", "content": q}]
+    elif spec["shape"] == "multi-turn":
+        messages = [{"role": "user", "content": others[0]},
+                    {"role": "assistant", "content": "Good question. In short: it depends on the details."},
+                    {"role": "user", "content": q}]
+    else:
+        doc = " ".join(others)
+        messages = [{"role": "user", "content": f"Here are some notes:\n{doc}\n\nWith them in mind: {q}"}]
+    return make_request(messages=messages, model=MODEL, max_tokens=spec["max_tokens"],
+                        temperature=spec["temperature"], top_p=spec["top_p"], stream=spec["stream"])
+
+
+def _compact(scores) -> list:
+    """Token scores as [logprob, rank, sorted top values] (the scorer never reads the top ids)."""
+    return [[round(lp, 5), r, [round(v, 5) for v in sorted(top.values(), reverse=True)]]
+            for lp, r, top in zip(scores.logprob, scores.rank, scores.top_logprobs)]
+
+
+def token_scores(compact: list):
+    from verifier.epochs.scoring import TokenScores
+
+    return TokenScores([t[0] for t in compact], [t[1] for t in compact],
+                       [dict(enumerate(t[2])) for t in compact])
+
+
+async def _record_node(reference, info: dict, questions: list[str], specs: list[dict], label: str,
+                       concurrency: int) -> None:
+    from gentorrent import receipts
     from gentorrent.crypto import tls
-    from gentorrent.config import EPOCH_RUN
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
-    from verifier.epochs.probe_format import challenge_request
-    from verifier.epochs.scoring import SamplingSpec, score_reply
 
+    path = CACHE / f"{label}.jsonl"
+    done = {json.loads(line)["i"] for line in path.read_text().splitlines()} if path.exists() else set()
+    todo = [s for s in specs if s["i"] not in done]
+    if not todo:
+        return
     channel = await tls.connect(info["address"], Path(info["cert_file"]).read_bytes(), timeout=60)
-    rows = []
-    try:
-        stub = rpc.ModelNodeStub(channel)
-        for q in questions:
-            request = challenge_request(q, MODEL)
-            chunks = [c async for c in stub.Generate(request, timeout=900)]
+    gate = asyncio.Semaphore(concurrency)
+    out = path.open("a")
+
+    async def one(spec: dict) -> None:
+        async with gate:
+            request = build_request(spec, questions)
+            chunks = [c async for c in rpc.ModelNodeStub(channel).Generate(request, timeout=1800)]
             tokens = [t for c in chunks for t in c.token_ids]
-            report = score_reply(await reference.score(request, tokens),
-                                 SamplingSpec(EPOCH_RUN.challenge_temperature, EPOCH_RUN.challenge_top_p))
-            rows.append({"credibility": report.credibility, "inv_ppl": report.inv_ppl, "tokens": report.n_tokens,
-                         "z": report.z, "out_of_support": report.out_of_support_share})
-            _progress(f"{label}: credibility {report.credibility:.3f} 1/ppl {report.inv_ppl:.3f} "
-                      f"z {({k: round(v, 1) for k, v in report.z.items()})}")
+            compact = _compact(await reference.score(request, tokens)) if tokens else []
+            out.write(json.dumps({"i": spec["i"], "prompt_hash": receipts.request_prompt_hash(request).hex()[:16],
+                                  "output_hash": receipts.output_hash(tokens).hex()[:16], "scores": compact}) + "\n")
+            out.flush()
+            _progress(f"{label} #{spec['i']}: {len(tokens)} tokens ({spec['shape']}, T={spec['temperature']})")
+
+    try:
+        await asyncio.gather(*(one(s) for s in todo))
     finally:
+        out.close()
         await channel.close()
-    return rows
 
 
-async def record(per_node: int, kinds: list[str], reuse: bool) -> dict:
+async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency: int) -> dict:
+    """Record every reply not yet in the cache (resumable: rerun after a stop)."""
+    from testkit.cheater_training import challenge_questions
     from verifier.epochs.reference import RemoteReference
 
-    data = json.loads(SCORES.read_text()) if SCORES.exists() else {"questions": [], "nodes": {}}
-    wanted = ["honest-1", "honest-2", *kinds]
-    todo = [k for k in wanted if not (reuse and len(data["nodes"].get(k, [])) >= per_node)]
-    if not todo:
-        return data
+    CACHE.mkdir(parents=True, exist_ok=True)
+    qfile = CACHE / "questions.json"
+    n_questions = max(8, n_honest // 3)
+    questions = json.loads(qfile.read_text()) if qfile.exists() else []
+    specs = request_specs(max(n_questions, len(questions)) if questions else n_questions, max(n_honest, per_cheater), 18)
     ref_proc = Served(None)
     try:
         ref_info = await asyncio.to_thread(ref_proc.wait)
         reference = RemoteReference(ref_info["address"], Path(ref_info["cert_file"]).read_bytes())
-        if len(data["questions"]) < per_node:
-            data["questions"] = await _questions(reference, per_node, os.urandom(32))
-            _progress(f"{len(data['questions'])} questions written by the reference model")
-        questions = data["questions"][:per_node]
-        for label in todo:
-            if label.startswith("honest"):  # an honest node runs the very same model
-                data["nodes"][label] = await _record_node(reference, ref_info, questions, label)
-            else:
-                proc = Served(label)
-                try:
-                    info = await asyncio.to_thread(proc.wait)
-                    data["nodes"][label] = await _record_node(reference, info, questions, label)
-                finally:
-                    proc.stop()
-            SCORES.parent.mkdir(exist_ok=True)
-            SCORES.write_text(json.dumps(data, indent=1))
+        if len(questions) < n_questions:
+            questions = await challenge_questions(reference, n_questions, os.urandom(32))
+            qfile.write_text(json.dumps(questions, indent=1))
+            _progress(f"{len(questions)} questions written by the reference model")
+        specs = request_specs(len(questions), max(n_honest, per_cheater), 18)
+        await _record_node(reference, ref_info, questions, specs[:n_honest], "honest", concurrency)
+        for label in kinds:
+            proc = Served(label, await _selective_env(reference) if label == "selective" else None)
+            try:
+                info = await asyncio.to_thread(proc.wait)
+                await _record_node(reference, info, questions, specs[:per_cheater], label, max(1, concurrency // 2))
+            finally:
+                proc.stop()
         await reference.close()
     finally:
         ref_proc.stop()
-    return data
+    return {"questions": questions, "specs": specs}
+
+
+async def _selective_env(reference) -> dict:
+    """The selective cheater as a real one would be built: its text model is trained on challenges
+    it had the public reference write from the public generator (an independent draw from the
+    bench's own), against user prompts. The bench's challenges come in user-ask shapes (as they
+    must once drawn from a traffic model), so the cheater's shape signal is off."""
+    from testkit.cheater_training import challenge_questions, cross_validate, train_text_model
+    from testkit.user_prompts import USER_PROMPTS
+
+    qfile, model_file = CACHE / "cheater_questions.json", CACHE / "selective_text_model.json"
+    if not qfile.exists():
+        qfile.write_text(json.dumps(await challenge_questions(reference, 100, os.urandom(32), "cheater"), indent=1))
+    questions = json.loads(qfile.read_text())
+    train_text_model(questions, list(USER_PROMPTS)).save(model_file)
+    _progress(f"selective text model: {cross_validate(questions, list(USER_PROMPTS))}")
+    return {**os.environ, "GT_SELECTIVE_TEXT_MODEL": str(model_file), "GT_SELECTIVE_SHAPE": "none"}
+
+
+def load_replies(label: str, specs: list[dict]) -> list[dict]:
+    """The cached replies of one node, each with its spec."""
+    path = CACHE / f"{label}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    by_i = {s["i"]: s for s in specs}
+    return [{**r, "spec": by_i[r["i"]]} for r in sorted(rows, key=lambda r: r["i"]) if r["i"] in by_i]
 
 
 # --------------------------------------------------------------------------- replay (pure)
 
 
-def replay(scores: dict[str, list[float]], gamma: float, epochs: int, seed: int) -> dict[str, list[float]]:
-    """Reputation curves: C(T) of each node drawn from its recorded credibilities."""
+def score_rows(rows: list[dict]) -> list[dict]:
+    """The committee's credibility of every cached reply, with the statistics behind it."""
+    from verifier.epochs.scoring import SamplingSpec, score_reply
+
+    out = []
+    for r in rows:
+        spec = r["spec"]
+        report = score_reply(token_scores(r["scores"]), SamplingSpec(spec["temperature"], spec["top_p"])) \
+            if r["scores"] else None
+        out.append({"i": r["i"], "shape": spec["shape"], "temperature": spec["temperature"], "top_p": spec["top_p"],
+                    "stream": spec["stream"], "tokens": len(r["scores"]),
+                    "credibility": report.credibility if report else 0.0,
+                    "inv_ppl": round(report.inv_ppl, 4) if report else 0.0,
+                    "z": {k: round(v, 2) for k, v in report.z.items()} if report else {},
+                    "prompt_hash": r["prompt_hash"], "output_hash": r["output_hash"]})
+    return out
+
+
+def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: bool = True) -> list[float]:
+    """One node's reputation over `epochs`: one challenge per epoch drawn from its replies, through
+    the committee's repeated-output memory and reputation update (FinalizeBlock's pure code).
+    `memory_on=False`: a replayer that never repeats an output (the relevance test alone)."""
     from gentorrent.config import REPUTATION
     from verifier.epochs import reputation as rep
+    from verifier.epochs.repeats import CommitteeMemory
 
-    params = replace(REPUTATION, gamma=gamma)
-    rng = random.Random(seed)
-    curves = {}
-    for node in sorted(scores):
-        state, curve = rep.initial_state(params), [params.initial_reputation]
-        for _ in range(epochs):
-            state = rep.update(state, rng.choice(scores[node]), params)
-            curve.append(state.reputation)
-        curves[node] = curve
-    return curves
+    state, memory, curve = rep.initial_state(REPUTATION), CommitteeMemory(), [REPUTATION.initial_reputation]
+    order = rng.sample(rows, len(rows)) if len(rows) >= epochs else [rng.choice(rows) for _ in range(epochs)]
+    for row in order[:epochs]:
+        prompt, output = bytes.fromhex(row["prompt_hash"]), bytes.fromhex(row["output_hash"])
+        cred = memory.judge("node", prompt, output, row["temperature"], row["tokens"], row["credibility"]) \
+            if memory_on else row["credibility"]
+        state = rep.update(state, cred, REPUTATION)
+        curve.append(state.reputation)
+    return curve
 
 
 def epochs_until_untrusted(curve: list[float], below: float) -> int | None:
     return next((t for t, r in enumerate(curve) if r < below), None)
 
 
-def plot(all_curves: dict[str, dict[str, list[float]]], below: float) -> None:
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a binomial proportion k / n."""
+    if n == 0:
+        return (0.0, 1.0)
+    p, z2 = k / n, z * z
+    mid, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * ((p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5) / (1 + z2 / n)
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def distribution(values: list[int | None], epochs: int) -> dict:
+    caught = sorted(v for v in values if v is not None)
+    pct = (lambda q: caught[min(len(caught) - 1, int(q * len(caught)))] if caught else None)
+    return {"runs": len(values), "never": len(values) - len(caught),
+            "within_5": sum(1 for v in caught if v <= 5) / len(values), "median": pct(0.5), "p90": pct(0.9),
+            "max": caught[-1] if caught else None,
+            "histogram": {str(t): caught.count(t) for t in range(1, epochs + 1) if caught.count(t)}}
+
+
+def plot(example: dict[str, list[float]], dists: dict[str, list[int | None]], below: float, epochs: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(all_curves), figsize=(5 * len(all_curves), 4), sharey=True)
-    for ax, (gname, curves) in zip(axes, all_curves.items()):
-        for node, curve in curves.items():
-            style = "-" if node.startswith("honest") else "--"
-            ax.plot(range(len(curve)), curve, style, label=node, linewidth=1.6 if style == "-" else 1.1)
-        ax.axhline(below, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(f"gamma = {gname}")
-        ax.set_xlabel("epoch")
-        ax.set_ylim(-0.02, 1.02)
-    axes[0].set_ylabel("reputation")
-    axes[-1].legend(fontsize=7, loc="center right")
-    fig.suptitle("Reputation over epochs from recorded real credibilities (SmolLM2-135M reference)")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for node, curve in example.items():
+        left.plot(range(len(curve)), curve, "-" if node == "honest" else "--", label=node)
+    left.axhline(below, color="grey", linestyle=":", linewidth=1)
+    left.set(title="one run (gamma = 1/5)", xlabel="epoch", ylabel="reputation", ylim=(-0.02, 1.02))
+    for node, values in dists.items():
+        xs = list(range(epochs + 1))
+        right.step(xs, [sum(1 for v in values if v is not None and v <= x) / len(values) for x in xs], where="post",
+                   label=node)
+    right.axvline(5, color="grey", linestyle=":", linewidth=1)
+    right.set(title="share untrusted by epoch (all runs)", xlabel="epoch", ylabel="share of runs", ylim=(-0.02, 1.02))
+    right.legend(fontsize=7, loc="center right")
+    fig.suptitle("Cheater detection from recorded real credibilities (SmolLM2-135M reference)")
     fig.tight_layout()
     FIGURE.parent.mkdir(exist_ok=True)
     fig.savefig(FIGURE, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: int) -> dict:
     from gentorrent.config import REPUTATION
     from verifier.epochs.scoring import calibrate_threshold
 
+    scored = {label: score_rows(load_replies(label, specs)) for label in ["honest", *kinds]}
+    scored = {k: v for k, v in scored.items() if v}
+    SCORES.write_text(json.dumps({"note": "per-reply credibilities; raw token scores in results/detection_cache",
+                                  "nodes": scored}, indent=0))
+    tau, below = REPUTATION.abnormal_threshold, REPUTATION.untrusted_below
+    honest = [r["credibility"] for r in scored.get("honest", [])]
+    fp = sum(1 for c in honest if c < tau)
+    rng = random.Random(seed)
+    dists = {label: [epochs_until_untrusted(run_epochs(rows, epochs, rng), below) for _ in range(runs)]
+             for label, rows in scored.items()}
+    if "replay" in scored:  # a replayer with a pool of other prompts' replies never repeats one
+        dists["replay (no output repeated)"] = [epochs_until_untrusted(run_epochs(scored["replay"], epochs, rng, False),
+                                                                       below) for _ in range(runs)]
+    plot({label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}, dists, below, epochs)
+    cheaters = {k: distribution(v, epochs) for k, v in dists.items() if k != "honest"}
+    lo, hi = wilson(fp, len(honest))
+    return {
+        "bench": "detection", "epochs": epochs, "runs_per_node": runs, "tau": tau, "untrusted_below": below,
+        "replies": {k: len(v) for k, v in scored.items()},
+        "honest_false_positive": {"abnormal": fp, "of": len(honest), "rate": round(fp / max(1, len(honest)), 4),
+                                  "wilson95": [round(lo, 4), round(hi, 4)]},
+        "honest_runs_ever_untrusted": sum(1 for v in dists.get("honest", []) if v is not None),
+        "honest_credibility_quantiles": {q: round(sorted(honest)[int(q * (len(honest) - 1))], 3)
+                                         for q in (0.005, 0.05, 0.5)} if honest else {},
+        "tau_suggested_from_honest": round(calibrate_threshold(honest), 3) if honest else None,
+        "mean_credibility": {k: round(sum(r["credibility"] for r in v) / len(v), 3) for k, v in scored.items()},
+        "epochs_until_untrusted": cheaters,
+        "goal_met": all(d["within_5"] == 1.0 for d in cheaters.values())
+        and not any(v is not None for v in dists.get("honest", [])),
+        "selective_text_model": _selective_accuracy(),
+        "figure": str(FIGURE.relative_to(ROOT)), "resampled_from_recorded_scores": True,
+    }
+
+
+def _selective_accuracy() -> dict | None:
+    """How often the selective cheater's text model takes the bench's challenges for challenges."""
+    from model_node.selective import TextModel
+    from testkit.cheater_training import cross_validate, rates
+    from testkit.user_prompts import USER_PROMPTS
+
+    model_file, qfile = CACHE / "selective_text_model.json", CACHE / "cheater_questions.json"
+    if not model_file.exists():
+        return None
+    bench_questions = json.loads((CACHE / "questions.json").read_text())
+    return {"on_bench_challenges": rates(TextModel.load(model_file), bench_questions, []),
+            "cross_validated_on_its_own": cross_validate(json.loads(qfile.read_text()), list(USER_PROMPTS))}
+
+
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--per-node", type=int, default=6, help="challenges recorded per node")
+    p.add_argument("--honest", type=int, default=200, help="honest replies recorded")
+    p.add_argument("--per-cheater", type=int, default=30, help="replies recorded per cheater kind")
     p.add_argument("--kinds", default=",".join(CHEATERS))
-    p.add_argument("--reuse", action="store_true", help="keep nodes already in results/detection_scores.json")
+    p.add_argument("--quick", action="store_true", help="smoke run: 12 honest, 4 per cheater, 50 runs")
+    p.add_argument("--no-record", action="store_true", help="analyse the cache only")
+    p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--epochs", type=int, default=EPOCHS_RUN)
+    p.add_argument("--runs", type=int, default=1000, help="simulated 35-epoch runs per node")
     p.add_argument("--seed", type=int, default=7)
     args = p.parse_args(argv)
+    if args.quick:
+        args.honest, args.per_cheater, args.runs = 12, 4, 50
     kinds = [k for k in args.kinds.split(",") if k]
-    data = asyncio.run(record(args.per_node, kinds, args.reuse))
-    scores = {n: [r["credibility"] for r in rows] for n, rows in data["nodes"].items()
-              if n.startswith("honest") or n in kinds}
-    below = REPUTATION.untrusted_below
-    all_curves, untrusted_at, lowest_honest = {}, {}, {}
-    for gname, gamma in GAMMAS.items():
-        curves = replay(scores, gamma, args.epochs, args.seed)
-        all_curves[gname] = curves
-        untrusted_at[gname] = {n: epochs_until_untrusted(c, below) for n, c in curves.items() if not n.startswith("honest")}
-        lowest_honest[gname] = round(min(min(c) for n, c in curves.items() if n.startswith("honest")), 4)
-    plot(all_curves, below)
-    honest = sorted(v for n, vals in scores.items() if n.startswith("honest") for v in vals)
-    at_goal = untrusted_at["1/5"]
-    return {
-        "bench": "detection", "epochs": args.epochs, "per_node_recorded": args.per_node,
-        "mean_credibility": {n: round(sum(v) / len(v), 3) for n, v in scores.items()},
-        "epochs_until_untrusted": untrusted_at, "lowest_honest_reputation": lowest_honest,
-        "goal_met_gamma_1_5": all(v is not None and v <= 5 for v in at_goal.values())
-        and lowest_honest["1/5"] >= below,
-        "tau": REPUTATION.abnormal_threshold, "tau_suggested_from_honest": round(calibrate_threshold(honest), 3),
-        "honest_min_credibility": round(honest[0], 3), "figure": str(FIGURE.relative_to(ROOT)),
-        "replayed_from_recorded_scores": True,
-    }
+    if not args.no_record:
+        asyncio.run(record(args.honest, args.per_cheater, kinds, args.concurrency))
+    qfile = CACHE / "questions.json"
+    n_questions = len(json.loads(qfile.read_text())) if qfile.exists() else 1
+    specs = request_specs(n_questions, max(args.honest, args.per_cheater), 18)
+    return analyse(specs, kinds, args.epochs, args.runs, args.seed)
 
 
 if __name__ == "__main__":

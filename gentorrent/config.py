@@ -81,6 +81,7 @@ class OverlayParams:
     build_attempts: int = 8  # tries to build one path before giving up for this round
     max_model_attempts: int = 3  # model nodes tried per ask
     failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
+    reputation_band: float = 0.02  # reputations this close count as equal: users shuffle among them
     link_hello_timeout_s: float = 5.0  # a proxy must authenticate on a model node's link within this
     link_queue_frames: int = 4096  # frames queued on one link before new ones are dropped (counted)
     max_affinities: int = 4096  # conversation -> model node pairs a user remembers (oldest forgotten first)
@@ -279,6 +280,12 @@ class ScoringParams:
     support_allowance: float = 0.03  # share of out-of-support tokens that costs nothing
     max_out_of_support: float = 0.15  # share of out-of-support tokens that drives credibility to 0
     min_tokens: int = 1  # a reply with fewer scored tokens has credibility 0
+    # a reply must answer its own prompt (verifier/epochs/repeats.py and the relevance test):
+    repeat_memory: int = 8  # outputs each member remembers per node (hashes only, never on chain)
+    repeat_min_tokens: int = 16  # shorter outputs (or greedy ones) may repeat honestly
+    relevance_tokens: int = 16  # opening tokens of the relevance test
+    relevance_slack_nats: float = 0.10  # its noise floor, nats per token
+    relevance_tail_slack: float = 0.1  # added to the expected out-of-top-k count of the opening tokens
 
 
 SCORING = ScoringParams()

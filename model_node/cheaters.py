@@ -9,8 +9,11 @@ claims while signing every reply as the claimed model, as a cheating volunteer w
                  model's tokenizer, so the signed token ids look like the claimed model's
     random       random tokens of the claimed vocabulary (no model run at all)
     replay       the answer it gave to an earlier, different prompt (the first one is honest)
-    selective    honest on what it guesses are challenges (a short single-turn question with no
-                 system prompt and no session), random tokens on everything else
+    selective    honest on what it guesses are challenges, random tokens on everything else; the
+                 guess (model_node/selective.py) sums the log-odds of the request's shape against
+                 the public challenge shape, of a text classifier trained on challenges it
+                 generated itself from the public code (testkit/cheater_training.py writes it to
+                 GT_SELECTIVE_TEXT_MODEL), and of the public epoch phase
 
 Weight cheats need only other weights (`prepare`); behavioural cheats wrap the node's
 LocalGenerator (`make_generator`), so the rest of the node (overlay intake, status) is unchanged.
@@ -18,6 +21,7 @@ LocalGenerator (`make_generator`), so the rest of the node (overlay intake, stat
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from gentorrent import receipts
+from model_node.selective import ChallengeDetector, PublicChallengeShape, TextModel
 from model_node.service import LocalGenerator, PreparedJob
 from gentorrent.wire import gentorrent_pb2 as pb
 
@@ -66,16 +71,29 @@ def make_generator(kind: str, honest: LocalGenerator, claimed: str) -> LocalGene
     if kind == "other-model":
         return RetokenisingGenerator(honest.engine, honest.identity, honest.params, claimed=claimed)
     if kind in ("random", "replay", "selective"):
-        return BehaviourGenerator(honest.engine, honest.identity, honest.params, kind=kind)
+        return BehaviourGenerator(honest.engine, honest.identity, honest.params, kind=kind,
+                                  detector=selective_detector() if kind == "selective" else None)
     return honest
 
 
-def looks_like_challenge(request: pb.GenerateRequest) -> bool:
-    """The selective cheater's guess: a short one-message question, no session."""
-    if request.session_id or len(request.messages) != 1 or request.messages[0].role != "user":
-        return False
-    text = request.messages[0].content
-    return len(text) < 400 and "?" in text
+def selective_detector() -> ChallengeDetector:
+    """The selective cheater's detector, from what a cheater can build out of public data.
+
+    GT_SELECTIVE_TEXT_MODEL: its trained text model (none: the text tells it nothing);
+    GT_SELECTIVE_SHAPE=none: challenges are drawn from the same shapes as user asks (a public
+    traffic model), so the shape tells it nothing (the detection bench's challenges are).
+    """
+    text_path = os.environ.get("GT_SELECTIVE_TEXT_MODEL")
+    text = TextModel.load(Path(text_path)) if text_path else TextModel()
+    shape = NoShape() if os.environ.get("GT_SELECTIVE_SHAPE") == "none" else PublicChallengeShape()
+    return ChallengeDetector(shape=shape, text=text)
+
+
+class NoShape:
+    """Challenges shaped like user asks: the shape's log-odds are 0."""
+
+    def log_odds(self, request: pb.GenerateRequest) -> float:
+        return 0.0
 
 
 @dataclass
@@ -86,10 +104,11 @@ class BehaviourGenerator(LocalGenerator):
     seed: int = 0
     _rng: random.Random = field(default_factory=lambda: random.Random(0), init=False)
     _last: tuple[str, list[int]] | None = field(default=None, init=False)
+    detector: ChallengeDetector | None = None
 
     async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
         request = prepared.request
-        if self.kind == "selective" and looks_like_challenge(request):
+        if self.kind == "selective" and self.detector is not None and self.detector.is_challenge(request):
             async for chunk in super().serve(prepared):
                 yield chunk
             return
@@ -133,16 +152,24 @@ class RetokenisingGenerator(LocalGenerator):
             self._tokenizer = AutoTokenizer.from_pretrained(str(catalogue.resolve(self.claimed).path))
         return self._tokenizer
 
-    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
-        request = prepared.request
-        text = []
+    def _flattened(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+        """A base model (gemma3-270m here) has no chat template: the cheater flattens the chat."""
         inner = pb.GenerateRequest()
         inner.CopyFrom(request)
         if inner.messages and not getattr(self.engine.tokenizer, "chat_template", None):
-            # a base model (gemma3-270m here) has no chat template: the cheater flattens the chat
             inner.prompt = "".join(f"{m.role}: {m.content}\n" for m in inner.messages) + "assistant:"
             del inner.messages[:]
-        async for chunk in super().serve(self.prepare(inner)):  # signed by the honest path; re-signed below
+        return inner
+
+    def prepare(self, request: pb.GenerateRequest) -> PreparedJob:
+        """Checked and tokenized as the flattened chat; the job keeps the request it answers."""
+        prepared = super().prepare(self._flattened(request))
+        return PreparedJob(request, prepared.job, prepared.prompt_ids)
+
+    async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
+        request = prepared.request
+        text = []
+        async for chunk in super().serve(self.prepare(request)):  # signed by the honest path; re-signed below
             text.append(chunk.text)
         tokens = list(self.claimed_tokenizer().encode("".join(text), add_special_tokens=False))[
             : max(1, request.sampling.max_tokens or self.params.default_max_tokens)] or [0]

@@ -36,7 +36,8 @@ SCRIPTED_PARAMS = replace(EPOCH_RUN, challenge_temperature=0.0, poll_s=0.1, prob
 HONEST_TOKENS = [5, 6, 7, 8, 9, 10]
 CHEAT_TOKENS = [900, 901, 902, 903]
 MODEL = "smollm2-135m"
-BEHAVIOURS = ("honest", "cheat", "down")
+REPLAYED_TOKENS = [HONEST_TOKENS[i % len(HONEST_TOKENS)] for i in range(20)]  # one long reply, over and over
+BEHAVIOURS = ("honest", "cheat", "down", "replay")
 
 
 class ScriptedReference:
@@ -56,7 +57,8 @@ class ScriptedReference:
 
 
 class ScriptedModels:
-    """Model nodes behind the prober: 'honest', 'cheat' (wrong tokens) or 'down' (no reply).
+    """Model nodes behind the prober: 'honest', 'cheat' (wrong tokens), 'down' (no reply) or
+    'replay' (the same long, honestly scored reply to every prompt).
     A node's behaviour may be changed while epochs run (`set`)."""
 
     def __init__(self) -> None:
@@ -80,7 +82,7 @@ class ScriptedModels:
         ident, behaviour = self.nodes[node_id_hex]
         if behaviour == "down":
             raise ProbeFailed("no reply within 1 s")
-        tokens = HONEST_TOKENS if behaviour == "honest" else CHEAT_TOKENS
+        tokens = {"honest": HONEST_TOKENS, "replay": REPLAYED_TOKENS}.get(behaviour, CHEAT_TOKENS)
         receipt = receipts.make_receipt(ident, request.model, request, tokens, int(time.time() * 1000))
         return ProbeAnswer(list(tokens), receipt)
 

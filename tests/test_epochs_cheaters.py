@@ -66,9 +66,58 @@ async def test_random_and_replay_cheaters_sign_what_they_did_not_compute():
 async def test_the_selective_cheater_is_honest_only_on_what_looks_like_a_challenge():
     honest = LocalGenerator(ScriptedEngine(), NODE)
     selective = cheaters.make_generator("selective", honest, "smollm2-135m")
-    assert cheaters.looks_like_challenge(_request("How do tides work?"))
+    assert selective.detector.is_challenge(_request("How do tides work?"))  # the public challenge shape
     assert list((await _reply(selective, _request("How do tides work?"))).token_ids) == [7, 8, 9]
     long_chat = _request("Tell me a story about a dragon. " * 20, session="s1")
-    assert not cheaters.looks_like_challenge(long_chat)
+    assert not selective.detector.is_challenge(long_chat)
     assert list((await _reply(selective, long_chat)).token_ids) != [7, 8, 9]
     assert cheaters.make_generator("pruned", honest, "smollm2-135m") is honest  # the cheat is in the weights
+
+
+# ----------------------------------------------------------------------------- the selective cheater's detector
+
+
+def _user_ask(text: str) -> pb.GenerateRequest:
+    """An ask as an OpenAI client sends it: system prompt, temperature 1.0, streamed."""
+    from gentorrent.generation import make_request
+
+    return make_request(messages=[{"role": "system", "content": "You are a helpful assistant."},
+                                  {"role": "user", "content": text}], model="smollm2-135m", max_tokens=256,
+                        temperature=1.0, stream=True)
+
+
+def test_the_public_challenge_shape_alone_separates_todays_challenges_from_user_asks():
+    """No language model needed: the sampling parameters and the message structure suffice."""
+    from model_node.selective import ChallengeDetector
+
+    detector = ChallengeDetector()
+    assert detector.is_challenge(_request("Why do cats purr?"))
+    assert not detector.is_challenge(_user_ask("Why do cats purr?"))
+    assert not detector.is_challenge(_request("Why do cats purr?", session="s1"))
+
+
+def test_a_text_model_trained_on_self_generated_challenges_recognises_held_out_ones():
+    """The cheater writes its own labelled challenges with the public generator and reference
+    model (tests/data/generated_challenges.json: questions SmolLM2-135M wrote from the public
+    meta-prompt) and tells them from user prompts by their text alone."""
+    import json
+    from pathlib import Path
+
+    from testkit.cheater_training import cross_validate
+    from testkit.user_prompts import USER_PROMPTS
+
+    challenges = json.loads((Path(__file__).parent / "data" / "generated_challenges.json").read_text())
+    result = cross_validate(challenges, list(USER_PROMPTS), folds=5)
+    assert result["accuracy"] >= 0.75 and result["tpr"] >= 0.7, result  # the text gives challenges away
+
+
+def test_the_public_epoch_phase_tells_a_node_when_it_can_be_probed():
+    from model_node.selective import epoch_timing
+
+    me, other = b"m" * 32, b"o" * 32
+    probing = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment(node_id=me)]))
+    assert epoch_timing(probing, me) > 0 > epoch_timing(probing, other)  # the plan names who is probed
+    assert epoch_timing(pb.EpochsSection(current=pb.EpochStateEntry(phase="attesting")), me) < 0
+    hidden = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment()]))
+    assert epoch_timing(hidden, other) > 0  # a plan of hashes only: the phase is all it knows
+    assert epoch_timing(None, me) == 0.0

@@ -50,6 +50,23 @@ async def test_epochs_run_by_themselves_and_a_cheater_becomes_untrusted(tmp_path
         await committee.stop()
 
 
+async def test_a_node_that_replays_one_reply_becomes_untrusted(tmp_path):
+    """Its reply scores as honest every time (teacher forcing); the members remember the output
+    and attest 0 from the second prompt it answered with it (verifier/epochs/repeats.py)."""
+    models = ScriptedModels()
+    replayer = models.add("replay")
+    committee = EpochCommittee(tmp_path)
+    await committee.start(models, params=replace(SCRIPTED_PARAMS, challenge_temperature=0.7))
+    try:
+        await committee.register(replayer, 9003)
+        sec = await committee.wait_epochs(4)
+        scores = [s.score_micros for h in sec.history if h.phase == rules.DONE for s in h.result]
+        assert scores[0] > 900_000 and scores[1:] and all(v == 0 for v in scores[1:]), scores
+        assert not committee.model(replayer).trusted
+    finally:
+        await committee.stop()
+
+
 async def test_challenges_leave_at_independent_random_times(tmp_path):
     """Not all at once when the plan commits (a node watching the chain could match that):
     each challenge waits its own random delay in [0, challenge_spread_s]."""

@@ -50,6 +50,7 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import ModelRecord
 from user_client.paths import PathManager, ProxyPath
+from user_client.ranking import rank_by_reputation
 from user_client.relay import RETURN_NOTICE, RETURN_REPLY
 
 log = logging.getLogger(__name__)
@@ -325,8 +326,7 @@ class Asker:
         if node_id is not None:  # a verifier probing one node, or an explicit choice
             return [m for m in askable if m.node_id_hex == node_id][:1]
         nodes = [m for m in askable if m.model == model and m.trusted]
-        self.rng.shuffle(nodes)
-        nodes.sort(key=lambda m: -m.reputation)
+        nodes = rank_by_reputation(nodes, lambda m: m.reputation, self.params.reputation_band, self.rng)
         preferred = self.affinity.get(session) if session else None
         nodes.sort(key=lambda m: m.node_id_hex != preferred)
         nodes.sort(key=lambda m: self._failed_recently(m.node_id_hex))  # even a session's node

@@ -49,6 +49,7 @@ from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_promp
 from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
 from verifier.epochs.reply_commitments import private_reply_problem, public_reply
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
+from verifier.epochs.repeats import CommitteeMemory
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class EpochRunner:
         self._reveals: dict[int, dict[str, Reveal]] = {}  # epoch -> node id hex -> reveal
         self._replies: dict[int, dict[str, pb.ProbeReply]] = {}  # epoch -> node id hex -> full reply (private)
         self._prepared: dict[int, tuple[bytes, dict[str, str]]] = {}  # epoch -> (seed, node -> question)
+        self.outputs = CommitteeMemory()  # outputs of attested replies, per node (repeats.py)
         self._task: asyncio.Task | None = None
         self.log: list[str] = []  # what it did, for status and tests
         self.on_stop: list[Callable[[], Awaitable[None]]] = []  # closes what was started for it
@@ -435,8 +437,11 @@ class EpochRunner:
                 self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
-            scores.append((r.node_id, epoch_txs.to_micros(report.credibility), epoch_txs.VERDICT_SCORED))
-            self._note(f"epoch {epoch}: {node[:12]} credibility {report.credibility:.3f} "
+            cred = self.outputs.judge(node, r.receipt.prompt_hash, r.receipt.output_hash, sampling.temperature,
+                                      report.n_tokens, report.credibility)
+            scores.append((r.node_id, epoch_txs.to_micros(cred), epoch_txs.VERDICT_SCORED))
+            replayed = " (output replayed from another prompt)" if cred != report.credibility else ""
+            self._note(f"epoch {epoch}: {node[:12]} credibility {cred:.3f}{replayed} "
                        f"(1/ppl {report.inv_ppl:.3f}, z {dict((k, round(v, 1)) for k, v in report.z.items())})")
         ident = self.host.identity
         return await self._submit(lambda s, c: epoch_txs.attestation(ident, epoch, scores, s, chain_id=c),

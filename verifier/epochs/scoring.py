@@ -28,10 +28,17 @@ its standard error is known from q_i alone:
   dispersion mean squared gap minus its expectation (one-sided: a mix of bland and odd tokens)
   support    share of tokens the sampler could never have produced (outside the nucleus /
              top-k / not the argmax under greedy decoding), beyond a small allowance for ties
+  relevance  mean log p of the first `relevance_tokens` tokens (every token, the tail counted at
+             its upper bound) minus its expectation (one-sided: too unlikely). A reply to another
+             prompt (a replayed one) opens with tokens the prompt does not lead to; teacher
+             forcing adapts the reference after a few tokens, so a whole-reply mean dilutes
+             exactly the evidence this test keeps separate
+  opening tail  the count of those opening tokens outside the reference top-k against its
+             expectation (one-sided, Poisson: the words of another topic are rarely in the top-k)
 
 Each test costs nothing within ``z_tolerance`` standard errors plus a slack for cross-engine
 numeric noise, then multiplies the credibility by exp(-excess / scale); the support test scales
-linearly to 0 at ``max_out_of_support``. Credibility = product of the five factors: ~1.0 for an
+linearly to 0 at ``max_out_of_support``. Credibility = product of the seven factors: ~1.0 for an
 honest reply, falling towards 0 the further and the more significantly the reply departs from
 honest sampling. ``ScoringParams.mode = "inv_ppl"`` gives the paper's score for comparison.
 All parameters live in gentorrent.config.ScoringParams; bench/detection.py calibrates them and
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Mapping, Sequence
 
 from gentorrent.config import EPOCHS, MODEL_NODE, SCORING, ScoringParams
@@ -144,11 +152,14 @@ class _Position:
     q_top1: float  # P(reference top-1 | sampled token in top-k)
     q_tail: float  # probability the sampler leaves the reference top-k
     floor: float  # lowest logprob the sampler can emit (minus ties); -inf if the tail is kept
+    mu_all: float = 0.0  # E[log p] over every outcome, the tail counted at its upper bound
+    var_all: float = 0.0
+    lowest: float = 0.0  # the lowest log p an outcome is counted at (the tail's bound)
 
 
 def _position(top_sorted: list[float], sampling: SamplingSpec, tie: float) -> _Position:
     if sampling.temperature < _GREEDY_T:
-        return _Position(top_sorted[0], 0.0, 0.0, 1.0, 0.0, top_sorted[0] - tie)
+        return _Position(top_sorted[0], 0.0, 0.0, 1.0, 0.0, top_sorted[0] - tie, top_sorted[0], 0.0, top_sorted[0])
     inv_t = 1.0 / sampling.temperature
     outcomes = [(lp * inv_t, lp, False) for lp in top_sorted]  # (log weight, log p, is_tail)
     mass = math.fsum(math.exp(lp) for lp in top_sorted)
@@ -180,7 +191,10 @@ def _position(top_sorted: list[float], sampling: SamplingSpec, tie: float) -> _P
     m4 = math.fsum(p * (lp - mu) ** 4 for p, lp in in_k) / z
     floor = -math.inf if q_tail > 0 else min(lp for _, lp in in_k) - tie
     q_top1 = (probs[0] / z) if not outcomes[0][2] else 0.0  # given in top-k: exact, tail-free
-    return _Position(mu, var, m4, min(1.0, q_top1), q_tail, floor)
+    mu_all = math.fsum(p * lp for p, (_, lp, _) in zip(probs, outcomes))
+    var_all = max(0.0, math.fsum(p * (lp - mu_all) ** 2 for p, (_, lp, _) in zip(probs, outcomes)))
+    lowest = min(lp for _, lp, _ in outcomes)
+    return _Position(mu, var, m4, min(1.0, q_top1), q_tail, floor, mu_all, var_all, lowest)
 
 
 def _z(observed: float, expected: float, se_sum: float, n: int, slack: float, two_sided: bool) -> float:
@@ -193,22 +207,48 @@ def _z(observed: float, expected: float, se_sum: float, n: int, slack: float, tw
     return abs(z) if two_sided else max(0.0, z)
 
 
+def _poisson_z(count: int, expected: float) -> float:
+    """How surprising `count` rare events are when `expected` were due, as a one-sided z-score.
+
+    The opening tokens hold few out-of-top-k tokens, so a normal approximation would cry wolf on
+    two of them; the Poisson tail is exact enough (and conservative: a sum of Bernoullis varies
+    less than the Poisson of the same mean).
+    """
+    if count <= 0:
+        return 0.0
+    lam = max(expected, 1e-12)
+    term, below = math.exp(-lam), 0.0
+    for j in range(count):
+        below += term
+        term *= lam / (j + 1)
+    p_value = max(1e-300, 1.0 - below) if below < 0.999999 else max(1e-300, term)  # P(X >= count)
+    return -NormalDist().inv_cdf(p_value) if p_value < 0.5 else 0.0
+
+
 def score_reply(
     scores: TokenScores, sampling: SamplingSpec = SamplingSpec(), params: ScoringParams = SCORING
 ) -> ScoreReport:
     """All statistics and the credibility of one reply (see the module docstring)."""
     n = len(scores.logprob)
     if n < max(1, params.min_tokens):
-        empty = {"gap": 0.0, "top1": 0.0, "tail": 0.0, "dispersion": 0.0, "support": 0.0}
+        empty = {"gap": 0.0, "top1": 0.0, "tail": 0.0, "dispersion": 0.0, "relevance": 0.0, "opening_tail": 0.0,
+                 "support": 0.0}
         return ScoreReport(n, LOGPROB_FLOOR, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, empty, empty, 0.0)
     lps = [max(LOGPROB_FLOOR, float(v)) for v in scores.logprob]
     mean_lp = math.fsum(lps) / n
     gap_obs = gap_exp = gap_var = disp_obs = disp_exp = disp_var = 0.0
     n_gap = n_top1 = n_topk = n_tail = n_oos = n_tail_pos = 0
-    top1_exp = top1_var = tail_exp = tail_var = 0.0
-    for lp, rank, top in zip(lps, scores.rank, scores.top_logprobs):
+    top1_exp = top1_var = tail_exp = tail_var = rel_obs = rel_var = rel_tail_exp = 0.0
+    rel_tail = 0
+    n_rel = min(n, params.relevance_tokens)
+    for i, (lp, rank, top) in enumerate(zip(lps, scores.rank, scores.top_logprobs)):
         top_sorted = sorted((max(LOGPROB_FLOOR, v) for v in top.values()), reverse=True)
         pos = _position(top_sorted, sampling, params.tie_nats)
+        if i < n_rel:  # relevance: the opening tokens must follow from the prompt itself
+            rel_obs += max(lp, pos.lowest) - pos.mu_all
+            rel_var += pos.var_all
+            rel_tail_exp += pos.q_tail
+            rel_tail += rank > len(top_sorted)
         in_topk = rank <= len(top_sorted)
         n_topk += in_topk
         if pos.q_tail > 0:
@@ -238,6 +278,8 @@ def score_reply(
         "top1": _z(n_top1, top1_exp, math.sqrt(top1_var), n_gap, params.top1_slack, True),
         "tail": _z(n_tail, tail_exp, math.sqrt(tail_var), n_tail_pos, params.tail_slack, False),
         "dispersion": _z(disp_obs, disp_exp, math.sqrt(disp_var), n_gap, params.dispersion_slack, False),
+        "relevance": _z(-rel_obs, 0.0, math.sqrt(rel_var), n_rel, params.relevance_slack_nats, False),
+        "opening_tail": _poisson_z(rel_tail, rel_tail_exp + params.relevance_tail_slack),
     }
     factors = {
         name: math.exp(-max(0.0, z - params.z_tolerance) / params.z_scale) for name, z in zs.items()

@@ -1,0 +1,137 @@
+"""The selective cheater's challenge detector: every signal a real cheating node has, nothing
+more. For the verification tests and the detection benchmark ONLY (model_node/cheaters.py).
+
+A selective cheater answers honestly what it believes is a challenge and cheaply everything
+else, so it is caught only as often as it mistakes a challenge for a user's ask (or as often
+as the committee audits real replies). Its detector is the sum of three independent log-odds:
+
+  shape   the request's structure and sampling parameters against the PUBLIC challenge shape
+          (`ChallengeShape`; today gentorrent.config.EPOCH_RUN: one user message, no system
+          prompt, no session, not streamed, fixed temperature / top_p / max_tokens, no seed).
+          Once challenges are drawn from a public traffic model, a shape model that knows that
+          traffic model replaces this one (the protocol below), and its log-odds shrink
+          towards 0 as the traffic model matches real traffic.
+  text    a logistic regression on word unigrams and bigrams, trained (testkit/cheater_training.py)
+          on challenges the cheater generated itself with the public challenge generator and
+          the public reference model, against prompts of real users it has served
+  timing  the public epoch phase (`TimingSignal`): challenges only arrive while the committee's
+          public state says an epoch is probing; asks outside that phase are user asks
+
+What it never uses: committee-private data (reveals, the leader's plan secrets, nonces).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+from gentorrent.config import EPOCH_RUN, EpochRunParams
+from gentorrent.wire import gentorrent_pb2 as pb
+
+__all__ = ["ChallengeShape", "PublicChallengeShape", "TextModel", "TimingSignal", "ChallengeDetector",
+           "words", "features", "no_timing", "epoch_timing"]
+
+_WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9]")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word and punctuation tokens (quotes and colons are strong tells)."""
+    return _WORD.findall(text.lower())
+
+
+def features(text: str, max_words: int = 400) -> list[str]:
+    """Unigrams, bigrams and the opening two words (challenge openings repeat)."""
+    w = words(text)[:max_words]
+    return w + [f"{a} {b}" for a, b in zip(w, w[1:])] + ["^" + " ".join(w[:2])]
+
+
+class ChallengeShape(Protocol):
+    def log_odds(self, request: pb.GenerateRequest) -> float: ...
+
+
+@dataclass(frozen=True)
+class PublicChallengeShape:
+    """Log-odds that a request is a challenge from its structure alone, against the public
+    challenge parameters. A request that differs in any field a challenge fixes cannot be one."""
+
+    params: EpochRunParams = EPOCH_RUN
+    match_log_odds: float = 2.0  # user asks with exactly the challenge shape are rare, not absent
+    mismatch_log_odds: float = -12.0
+
+    def log_odds(self, request: pb.GenerateRequest) -> float:
+        s = request.sampling
+        same = (len(request.messages) == 1 and request.messages[0].role == "user" and not request.prompt
+                and not request.session_id and not request.stream and not s.has_seed and not s.stop
+                and math.isclose(s.temperature, self.params.challenge_temperature, abs_tol=1e-6)
+                and math.isclose(s.top_p, self.params.challenge_top_p, abs_tol=1e-6)
+                and s.max_tokens == self.params.challenge_max_tokens)
+        return self.match_log_odds if same else self.mismatch_log_odds
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """A linear model over the presence of `features` (trained by testkit/cheater_training.py):
+    log-odds = prior + the weights of the features present; an unseen feature weighs 0."""
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+    unseen: float = 0.0  # a feature seen in neither class tells nothing
+    prior: float = 0.0
+
+    def log_odds(self, text: str) -> float:
+        return self.prior + math.fsum(self.weights.get(f, self.unseen) for f in set(features(text)))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"weights": self.weights, "prior": self.prior}))
+
+    @classmethod
+    def load(cls, path: Path) -> "TextModel":
+        data = json.loads(Path(path).read_text())
+        return cls(data["weights"], prior=float(data.get("prior", 0.0)))
+
+
+#: log-odds from the public epoch phase right now (0: no information, e.g. no committee view)
+TimingSignal = Callable[[], float]
+
+
+def no_timing() -> float:
+    return 0.0
+
+
+def epoch_timing(section: pb.EpochsSection | None, node_id: bytes, sure: float = 4.0) -> float:
+    """Log-odds from the committee's PUBLIC epochs section (the `/epochs` query any node may make).
+
+    Challenges leave only while an epoch is probing (and members' own probes of nodes reported
+    missing while it is resolving); a public plan that names the planned nodes tells a node
+    whether it is probed at all. Where the plan names no one (committed only as hashes), the
+    phase alone is the signal.
+    """
+    if section is None or not section.HasField("current"):
+        return 0.0
+    cur = section.current
+    if cur.phase == "probing":
+        named = {e.node_id for e in cur.plan if e.node_id}
+        return sure if not named or node_id in named else -sure
+    if cur.phase == "resolving":
+        return sure if any(r.node_id == node_id and r.missing for r in cur.replies) else -sure
+    return -sure  # electing, planning, attesting, done: no challenge is in flight
+
+
+@dataclass
+class ChallengeDetector:
+    """The cheater's verdict: the summed log-odds above `threshold` means 'answer honestly'."""
+
+    shape: ChallengeShape = field(default_factory=PublicChallengeShape)
+    text: TextModel = field(default_factory=TextModel)
+    timing: TimingSignal = no_timing
+    threshold: float = 0.0
+
+    def log_odds(self, request: pb.GenerateRequest) -> float:
+        text = request.prompt or "\n".join(m.content for m in request.messages if m.role == "user")
+        return self.shape.log_odds(request) + self.text.log_odds(text) + self.timing()
+
+    def is_challenge(self, request: pb.GenerateRequest) -> bool:
+        return self.log_odds(request) > self.threshold

@@ -1,0 +1,108 @@
+"""A reply must answer its own prompt: replayed output is caught (verifier/epochs/repeats.py and
+the relevance test of verifier/epochs/scoring.py).
+
+The attack: the `replay` cheater (model_node/cheaters.py) answers a challenge with the reply it
+computed honestly for an earlier, different prompt. Teacher forcing adapts the reference to the
+replayed text, so the whole-reply tests of the scoring pass stay close to honest."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+from gentorrent.config import SCORING
+from verifier.epochs.repeats import CommitteeMemory, OutputMemory
+
+
+def _h(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def test_an_output_replayed_for_a_different_prompt_gets_credibility_zero():
+    members = [CommitteeMemory() for _ in range(4)]
+    for memory in members:  # every member attests the same replies, so all reach the same verdict
+        assert memory.judge("n", _h("prompt 1"), _h("reply A"), 0.7, 128, 0.97) == 0.97
+        assert memory.judge("n", _h("prompt 2"), _h("reply A"), 0.7, 128, 0.98) == 0.0
+
+
+def test_honest_replies_and_other_nodes_are_untouched():
+    memory = CommitteeMemory()
+    for i in range(50):
+        assert memory.judge("n", _h(f"prompt {i}"), _h(f"reply {i}"), 1.0, 128, 0.9) == 0.9
+    # another node giving the same output is not this node's replay (two honest nodes may agree)
+    assert memory.judge("m", _h("prompt 49"), _h("reply 49"), 1.0, 128, 0.9) == 0.9
+    # the same prompt asked again (a member's own probe) may honestly get the same output
+    assert memory.judge("n", _h("prompt 49"), _h("reply 49"), 1.0, 128, 0.9) == 0.9
+
+
+def test_greedy_or_short_outputs_never_count_as_replays():
+    memory = CommitteeMemory()
+    short = SCORING.repeat_min_tokens - 1
+    for i in range(3):  # a canned greedy refusal may honestly answer two prompts
+        assert memory.judge("n", _h(f"p{i}"), _h("sorry"), 0.0, 128, 1.0) == 1.0
+        assert memory.judge("n", _h(f"q{i}"), _h("ok"), 0.7, short, 1.0) == 1.0
+
+
+def test_the_memory_is_bounded_per_node_and_in_nodes():
+    params = replace(SCORING, repeat_memory=3)
+    memory = OutputMemory(params=params)
+    for i in range(10):
+        memory = memory.remember(_h(f"p{i}"), _h(f"r{i}"))
+    assert len(memory.seen) == 3 and memory.repeats(_h("x"), _h("r9")) and not memory.repeats(_h("x"), _h("r0"))
+    committee = CommitteeMemory(params=params, max_nodes=5)
+    for i in range(20):
+        committee.judge(f"node {i}", _h("p"), _h("r"), 0.7, 128, 1.0)
+    assert len(committee.nodes) == 5 and "node 19" in committee.nodes
+
+
+# ----------------------------------------------------------------------------- the relevance test
+
+
+def _recorded() -> list[dict]:
+    """Real token scores of honest SmolLM2-135M replies (bench/detection.py's recording)."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "data" / "honest_reply_scores.json").read_text())
+
+
+def _score(reply: dict, params=SCORING):
+    from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
+
+    s = reply["scores"]
+    scores = TokenScores([t[0] for t in s], [t[1] for t in s], [dict(enumerate(t[2])) for t in s])
+    return score_reply(scores, SamplingSpec(reply["temperature"], reply["top_p"]), params)
+
+
+def _opened_elsewhere(reply: dict, k: int) -> dict:
+    """The same reply opening with `k` words of another prompt's subject (outside the top-k)."""
+    s = [list(t) for t in reply["scores"]]
+    for i in range(k):
+        s[i] = [min(-9.0, s[i][2][-1] - 1.0), 60, s[i][2]]
+    return {**reply, "scores": s}
+
+
+def test_a_reply_that_opens_on_another_subject_fails_the_relevance_test():
+    """After the first few tokens the reference follows the replayed text; the whole-reply tests
+    pass it (credibility 1.0 without the relevance test), the opening-token test does not."""
+    no_relevance = replace(SCORING, relevance_tokens=0)
+    reply = _recorded()[0]  # 128 tokens, sampled at temperature 0.7
+    attack = _opened_elsewhere(reply, 5)
+    assert _score(attack, no_relevance).credibility == 1.0
+    report = _score(attack)
+    assert report.credibility < 0.1 and report.z["relevance"] > 4, report.z
+
+
+def test_recorded_honest_replies_pass_the_relevance_test():
+    for reply in _recorded():
+        report = _score(reply)
+        assert report.z["relevance"] < SCORING.z_tolerance and report.z["opening_tail"] < SCORING.z_tolerance
+        assert report.credibility == 1.0, (reply["shape"], reply["temperature"], report.z)
+
+
+def test_the_opening_tail_z_is_finite_for_any_count():
+    """Every opening token outside the top-k (random tokens) must give a large, finite z."""
+    from verifier.epochs.scoring import _poisson_z
+
+    assert _poisson_z(0, 0.5) == 0.0 and 0 < _poisson_z(2, 0.16) < 3 < _poisson_z(3, 0.16)
+    assert 30 < _poisson_z(128, 0.001) < 100
