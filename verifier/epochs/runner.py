@@ -437,7 +437,7 @@ class EpochRunner:
                 self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
-            cred = self.outputs.judge(node, r.receipt.prompt_hash, r.receipt.output_hash, sampling.temperature,
+            cred = self.outputs.judge(node, full.receipt.prompt_hash, full.receipt.output_hash, sampling.temperature,
                                       report.n_tokens, report.credibility)
             scores.append((r.node_id, epoch_txs.to_micros(cred), epoch_txs.VERDICT_SCORED))
             replayed = " (output replayed from another prompt)" if cred != report.credibility else ""
