@@ -5,8 +5,8 @@
 
 Two stages, said out loud:
 
-1. Recording (real parts, slow): a reference `gt-model serve` (SmolLM2-135M) writes challenge
-   questions from seeded topic/style draws (never a fixed list); every node - two honest ones
+1. Recording (real parts, slow): challenges are drawn from the traffic model as the committee
+   draws them (real user conversations, verifier.epochs.challenges.draw_challenge); every node - two honest ones
    (independent samples of the honest model) and one `gt-model serve --dishonest KIND` per cheater
    - answers each question with the challenge request a verifier sends (the same bytes the
    overlay would carry), and the reference scores every reply in one teacher-forced pass
@@ -37,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gentorrent.traffic.model import ChatRequest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCORES = ROOT / "results" / "detection_scores.json"
@@ -85,27 +87,29 @@ class Served:
                 self.proc.wait(10)
 
 
-async def _questions(reference, n: int, seed: bytes) -> list[str]:
-    from verifier.epochs.challenges import (ChallengeError, build_meta_prompt, clean_question, draw_question_seed,
-                                            prompt_key)
+async def _questions(reference, n: int, seed: bytes) -> list:
+    """n challenges drawn as the committee draws them (the traffic model), replies capped at
+    EPOCHS.challenge_max_tokens so the bench fits a CPU."""
+    from gentorrent.config import EPOCHS
+    from verifier.epochs.challenges import ChallengeError, draw_challenge, prompt_key
+    from verifier.epochs.runner import challenge_pool
 
+    pool = challenge_pool()
     out, keys, attempt = [], set(), 0
     while len(out) < n and attempt < 20 * n:
-        q = draw_question_seed(seed, "bench", attempt)
         attempt += 1
         try:
-            question = clean_question(await reference.write(build_meta_prompt(q), attempt))
+            question = draw_challenge(pool, seed, "bench", attempt, max_tokens_cap=EPOCHS.challenge_max_tokens)
         except ChallengeError:
             continue
-        if prompt_key(question) not in keys:
-            keys.add(prompt_key(question))
+        if prompt_key(question.text) not in keys:
+            keys.add(prompt_key(question.text))
             out.append(question)
     return out
 
 
-async def _record_node(reference, info: dict, questions: list[str], label: str) -> list[dict]:
+async def _record_node(reference, info: dict, questions: list, label: str) -> list[dict]:
     from gentorrent.crypto import tls
-    from gentorrent.config import EPOCH_RUN
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
     from verifier.epochs.probe_format import challenge_request
     from verifier.epochs.scoring import SamplingSpec, score_reply
@@ -118,8 +122,7 @@ async def _record_node(reference, info: dict, questions: list[str], label: str) 
             request = challenge_request(q, MODEL)
             chunks = [c async for c in stub.Generate(request, timeout=900)]
             tokens = [t for c in chunks for t in c.token_ids]
-            report = score_reply(await reference.score(request, tokens),
-                                 SamplingSpec(EPOCH_RUN.challenge_temperature, EPOCH_RUN.challenge_top_p))
+            report = score_reply(await reference.score(request, tokens), SamplingSpec(q.temperature, q.top_p))
             rows.append({"credibility": report.credibility, "inv_ppl": report.inv_ppl, "tokens": report.n_tokens,
                          "z": report.z, "out_of_support": report.out_of_support_share})
             _progress(f"{label}: credibility {report.credibility:.3f} 1/ppl {report.inv_ppl:.3f} "
@@ -142,9 +145,10 @@ async def record(per_node: int, kinds: list[str], reuse: bool) -> dict:
         ref_info = await asyncio.to_thread(ref_proc.wait)
         reference = RemoteReference(ref_info["address"], Path(ref_info["cert_file"]).read_bytes())
         if len(data["questions"]) < per_node:
-            data["questions"] = await _questions(reference, per_node, os.urandom(32))
-            _progress(f"{len(data['questions'])} questions written by the reference model")
-        questions = data["questions"][:per_node]
+            data["questions"] = [q.to_dict() for q in await _questions(reference, per_node, os.urandom(32))]
+            _progress(f"{len(data['questions'])} challenges drawn from the traffic model")
+        questions = [ChatRequest.from_dict(q) if isinstance(q, dict) else ChatRequest.question(q)
+                     for q in data["questions"][:per_node]]
         for label in todo:
             if label.startswith("honest"):  # an honest node runs the very same model
                 data["nodes"][label] = await _record_node(reference, ref_info, questions, label)

@@ -179,7 +179,6 @@ class EpochParams:
     challenge_max_tokens: int = 128  # honest-noise tests need ~128 tokens (verifier/epochs/scoring.py)
     max_probed_nodes: int = 64  # model nodes challenged per epoch (a seeded sample beyond this)
     challenge_nonce_bytes: int = 32
-    max_question_chars: int = 600  # a generated challenge question is cut/rejected beyond this
     chain_id: str = "gentorrent"  # mixed into the VRF leader-election input
 
 
@@ -201,13 +200,12 @@ class EpochRunParams:
     attest_timeout_ms: int = 600_000  # every member re-scores; a quorum must attest by then
     history_kept: int = 16  # closed-epoch summaries kept in the epochs section
     max_reply_tokens: int = 1024  # output tokens of one reply carried in an epoch_replies tx
-    # challenge sampling: the parameters an ordinary user node sends (one set for every challenge,
-    # so the sampling parameters never single a challenge out)
-    challenge_temperature: float = 0.7
-    challenge_top_p: float = 1.0
-    challenge_max_tokens: int = EPOCHS.challenge_max_tokens  # (tests on a busy 2-core machine use fewer)
-    question_max_tokens: int = 64  # the reference model writes a question in this many tokens
-    question_attempts: int = 6  # redraws of a question seed before a node is left out this epoch
+    # challenges sample, stream and ask for max_tokens as the traffic model draws (TrafficParams:
+    # as real clients do), so no parameter singles a challenge out. Tests on a slow machine may
+    # force greedy replies or cap their length; deployments leave both None.
+    challenge_temperature: float | None = None
+    challenge_max_tokens: int | None = None
+    question_attempts: int = 6  # redraws of a challenge (collision, out of bounds) before a node is left out
     epoch_pause_s: float = 30.0  # a member waits this long after an epoch opens before its VRF proof (pacing)
     poll_s: float = 0.5  # the runner looks at the committed state this often
     probe_timeout_s: float = 300.0  # one challenge or own probe, end to end, in the runner

@@ -14,6 +14,7 @@ from model_node import cheaters
 from model_node.engine import EngineDelta
 from model_node.service import LocalGenerator
 from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.probe_format import challenge_request
 
 NODE = Identity.from_seed(b"\x09" * 32)
@@ -42,7 +43,7 @@ async def _reply(gen, request) -> pb.GenerateChunk:
 
 
 def _request(text: str, session: str = "") -> pb.GenerateRequest:
-    r = challenge_request(text, "smollm2-135m")
+    r = challenge_request(ChatRequest.question(text), "smollm2-135m")
     r.session_id = session
     return r
 

@@ -1,6 +1,6 @@
 """Private reveals between committee members (the `Verifier.Private` RPC payload), pure.
 
-The leader's plain challenge prompts must reach every other member and nobody else: a model
+The leader's plain challenge requests must reach every other member and nobody else: a model
 node that saw them could answer challenges with extra care. Each reveal message is
 
     sender public key (32) || Ed25519 signature (64) || sealed box to the recipient
@@ -21,13 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gentorrent.crypto.keys import Identity, SignatureError, verify_signature
 from gentorrent.overlay import sealing
+from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.challenges import Reveal
 from verifier.epochs.probe_format import REVEAL_LABEL
 
 __all__ = ["PrivateError", "RevealBundle", "seal_reveals", "open_reveals", "MAX_PRIVATE_BYTES"]
 
 _SIGN_DOMAIN = b"gentorrent/epoch-private/v1\x00"
-MAX_PRIVATE_BYTES = 2 * 1024 * 1024
+MAX_PRIVATE_BYTES = 2 * 1024 * 1024  # 64 reveals of a full transcript (TRAFFIC.max_prompt_bytes) fit in half
 
 
 class PrivateError(ValueError):
@@ -42,8 +43,9 @@ class RevealBundle:
 
 
 def seal_reveals(sender: Identity, recipient_box_key: bytes, epoch: int, reveals: list[Reveal]) -> bytes:
-    body = json.dumps({"epoch": epoch, "reveals": [{"node_id": r.node_id, "nonce": r.nonce.hex(), "prompt": r.prompt}
-                                                   for r in reveals]}, sort_keys=True).encode()
+    body = json.dumps({"epoch": epoch, "reveals": [{"node_id": r.node_id, "nonce": r.nonce.hex(),
+                                                    "request": r.request.to_dict()} for r in reveals]},
+                      sort_keys=True, ensure_ascii=False).encode("utf-8")
     box = sealing.seal_to(recipient_box_key, body, REVEAL_LABEL)
     signature = sender.sign(_SIGN_DOMAIN + recipient_box_key + box)
     return sender.public_key + signature + box
@@ -64,8 +66,8 @@ def open_reveals(payload: bytes, my_box: X25519PrivateKey, my_box_public: bytes,
     try:
         body = json.loads(sealing.open_sealed(my_box, box, REVEAL_LABEL))
         epoch = int(body["epoch"])
-        reveals = tuple(Reveal(str(r["node_id"]), bytes.fromhex(r["nonce"]), str(r["prompt"]))
+        reveals = tuple(Reveal(str(r["node_id"]), bytes.fromhex(r["nonce"]), ChatRequest.from_dict(r["request"]))
                         for r in body["reveals"])
-    except (sealing.SealError, ValueError, KeyError, TypeError) as exc:
+    except (sealing.SealError, ValueError, KeyError, TypeError) as exc:  # TrafficError is a ValueError
         raise PrivateError(f"private payload does not open: {exc}") from exc
     return RevealBundle(epoch, sender, reveals)

@@ -5,15 +5,19 @@ of each phase, once, by submitting signed epoch transactions to its own node:
 
     no keys yet    register the VRF and X25519 keys (epoch_member_keys)
     electing       post this member's ECVRF proof for the epoch
-    planning       (leader) write one question per model node with the reference model from a
-                   seeded topic/style draw, send the plain prompts privately to every other
-                   member (Private RPC), then commit to them (epoch_plan)
+    planning       (leader) draw one request per model node from the traffic model (real user
+                   conversations, shaped and sampled as clients send them, rewritten), send the
+                   plain requests privately to every other member (Private RPC), then commit
+                   to them (epoch_plan)
     probing        (leader) ask every node its question through the anonymous overlay as an
                    ordinary user node, and post the signed replies or missing reports
-    attesting      re-score every reply with this member's reference model after checking that
-                   the signed receipt covers the committed prompt (epoch_attestation)
+    attesting      re-score every reply with this member's reference model (with the request's
+                   own sampling parameters) after checking that the signed receipt covers the
+                   committed request (epoch_attestation)
     attesting /    (not the leader) probe each node the leader reported missing with a prompt of
     resolving      this member's own, and report whether a valid signed reply came (epoch_probe_report)
+
+The challenge pool (gentorrent.traffic) is loaded once per process, off the event loop.
 
 Everything it decides on comes from committed state, so a restarted runner simply picks up where
 the chain is. Transactions it may have sent twice are refused by the app and ignored here.
@@ -24,6 +28,7 @@ faulty-leader detection only).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -34,13 +39,15 @@ from typing import Awaitable, Callable, Protocol
 from gentorrent.config import EPOCH_RUN, EPOCHS, EpochRunParams
 from gentorrent.crypto.keys import Identity
 from gentorrent import receipts
+from gentorrent.traffic.corpus import load_corpus
+from gentorrent.traffic.model import ChatRequest, TrafficPool
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs import rules
 from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf
-from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
-                                        draw_question_seed, prompt_key, select_probe_set, verify_reveal)
+from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, draw_challenge, prompt_key,
+                                        select_probe_set, verify_reveal)
 from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
@@ -66,9 +73,13 @@ class Prober(Protocol):
 
 
 class Reference(Protocol):
-    async def write(self, instruction: str, seed: int) -> str: ...
-
     async def score(self, request: pb.GenerateRequest, token_ids: list[int]): ...
+
+
+@functools.lru_cache(maxsize=1)
+def challenge_pool() -> TrafficPool:
+    """The corpus's challenge pool, indexed (seconds: once per process, shared by its runners)."""
+    return TrafficPool.build(load_corpus().challenge)
 
 
 @dataclass
@@ -112,15 +123,17 @@ class RunnerHost:
 
 class EpochRunner:
     def __init__(self, host: RunnerHost, reference: Reference, prober: Prober | None,
-                 params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None) -> None:
+                 params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
+                 pool: TrafficPool | None = None) -> None:
         self.host, self.reference, self.prober, self.params = host, reference, prober, params
+        self.pool = pool  # None: the corpus's challenge pool, loaded on first use
         self.faults = faults or LeaderFaults()
         self.me = host.identity.public_key
         self._seq = 0
         self._done: set[tuple] = set()  # (epoch, action[, node]) this runner has completed
         self._busy: dict[tuple, asyncio.Task] = {}
         self._reveals: dict[int, dict[str, Reveal]] = {}  # epoch -> node id hex -> reveal
-        self._prepared: dict[int, tuple[bytes, dict[str, str]]] = {}  # epoch -> (seed, node -> question)
+        self._prepared: dict[int, tuple[bytes, dict[str, ChatRequest]]] = {}  # epoch -> (seed, node -> request)
         self._task: asyncio.Task | None = None
         self.log: list[str] = []  # what it did, for status and tests
         self.on_stop: list[Callable[[], Awaitable[None]]] = []  # closes what was started for it
@@ -256,24 +269,26 @@ class EpochRunner:
             return {}
         return {m.node_id.hex(): m for m in decode_directory(value).models}
 
-    async def _write_question(self, seed: bytes, node_id: str, taken: set[str]) -> str | None:
-        for attempt in range(self.params.question_attempts):
-            q = draw_question_seed(seed, node_id, attempt)
-            text = await self.reference.write(build_meta_prompt(q), int.from_bytes(seed[:4], "big") + attempt)
-            try:
-                question = clean_question(text)
-            except ChallengeError:
-                continue
-            if prompt_key(question) not in taken:
-                taken.add(prompt_key(question))
-                return question
-        return None
-
-    async def _questions(self, seed: bytes, node_ids: list[str]) -> dict[str, str]:
-        """One unique question per node, written concurrently (the engine batches them)."""
+    async def _questions(self, seed: bytes, node_ids: list[str]) -> dict[str, ChatRequest]:
+        """One challenge per node, no two with the same text (a collision is redrawn)."""
+        if not node_ids:
+            return {}
+        if self.pool is None:
+            self.pool = await asyncio.to_thread(challenge_pool)
         taken: set[str] = set()
-        written = await asyncio.gather(*(self._write_question(seed, n, taken) for n in node_ids))
-        return {n: q for n, q in zip(node_ids, written) if q is not None}
+        out: dict[str, ChatRequest] = {}
+        for node_id in node_ids:
+            for attempt in range(self.params.question_attempts):
+                try:
+                    request = draw_challenge(self.pool, seed, node_id, attempt, self.params.challenge_temperature,
+                                             self.params.challenge_max_tokens)
+                except ChallengeError:
+                    continue
+                if prompt_key(request.text) not in taken:
+                    taken.add(prompt_key(request.text))
+                    out[node_id] = request
+                    break
+        return out
 
     async def _prepare(self, epoch: int) -> bool:
         seed = secrets.token_bytes(32)  # private: nobody can predict topics or the probe set
@@ -294,12 +309,12 @@ class EpochRunner:
         reveals, taken = [], set()
         for node_id in chosen:
             question = questions.get(node_id)
-            if question is not None and prompt_key(question) not in taken:
-                taken.add(prompt_key(question))
+            if question is not None and prompt_key(question.text) not in taken:
+                taken.add(prompt_key(question.text))
                 reveals.append(Reveal(node_id, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), question))
         self._reveals[epoch] = {r.node_id: r for r in reveals}
         await self._send_reveals(epoch, reveals)
-        entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
+        entries = [(bytes.fromhex(r.node_id), commit_request(r.nonce, r.request)) for r in reveals]
         ident = self.host.identity
         if not await self._submit(lambda s, c: epoch_txs.plan(ident, epoch, entries, s, chain_id=c),
                                   f"epoch {epoch} plan"):
@@ -335,7 +350,7 @@ class EpochRunner:
         node = bytes.fromhex(reveal.node_id)
         if reveal.node_id in self.faults.drop:
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
-        request = challenge_request(reveal.prompt, model, self.params)
+        request = challenge_request(reveal.request, model)
         if reveal.node_id in self.faults.forge:
             tokens = list(FORGED_TOKENS)
             return pb.ProbeReply(node_id=node, token_ids=tokens,
@@ -370,7 +385,6 @@ class EpochRunner:
         reveals = await self._await_reveals(epoch, cur)
         models = self._models()
         commitments = {e.node_id.hex(): e.commitment for e in cur.plan}
-        sampling = SamplingSpec(self.params.challenge_temperature, self.params.challenge_top_p)
         scores = []
         for r in (x for x in cur.replies if not x.missing):
             node = r.node_id.hex()
@@ -378,12 +392,13 @@ class EpochRunner:
             if reveal is None or entry is None:
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
-            request = challenge_request(reveal.prompt, entry.model, self.params)
-            if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.prompt) or \
+            request = challenge_request(reveal.request, entry.model)
+            if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.request) or \
                     not receipt_matches_request(r.receipt, request):
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
                 continue
             try:
+                sampling = SamplingSpec(reveal.request.temperature, reveal.request.top_p)
                 report = score_reply(await self.reference.score(request, list(r.token_ids)), sampling)
             except (ScoringError, RuntimeError) as exc:
                 self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
@@ -417,7 +432,7 @@ class EpochRunner:
             question = (await self._questions(secrets.token_bytes(32), [node])).get(node)
             if question is not None:
                 try:
-                    answer = await self._ask(challenge_request(question, entry.model, self.params), node)
+                    answer = await self._ask(challenge_request(question, entry.model), node)
                     receipts.verify_receipt(answer.receipt, entry.public_key, None, answer.token_ids)
                     ok = True
                 except (ProbeFailed, receipts.ReceiptError) as exc:
