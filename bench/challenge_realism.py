@@ -9,8 +9,11 @@ and client profiles, and trains a logistic regression on what a node sees of a r
     shape  messages, users' turns, system prompt, lengths, code, digits, temperature, top_p,
            max_tokens, streaming, session id
 
-Stratified k-fold cross-validation gives out-of-fold scores and their ROC AUC (0.5: no better
-than chance; goal <= 0.6), for all features and for text and shape alone. Compared with:
+Stratified k-fold cross-validation, grouped by conversation (several turns of one long
+conversation share its topic words; were they split across folds, the classifier would learn
+which conversations each pool holds, not what sets challenges apart), gives out-of-fold scores
+and their ROC AUC (0.5: no better than chance; goal <= 0.6), for all features and for text and
+shape alone. Compared with:
     verbatim   challenges without the rewrite (corpus text as is)
     old_shape  the previous generator's request shape (one user message, temperature 0.7,
                top_p 1, 128 tokens, not streamed) around real text: a lower bound on its AUC,
@@ -35,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -46,6 +50,7 @@ from scipy import sparse  # noqa: E402
 
 from gentorrent.traffic.corpus import load_corpus  # noqa: E402
 from gentorrent.traffic.model import ChatRequest, TrafficPool, draw, looks_like_code  # noqa: E402
+from gentorrent.traffic.transform import SWAPS  # noqa: E402
 from verifier.epochs.challenges import ChallengeError, draw_challenge  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,12 +89,24 @@ def draw_sets(n: int, seed: int, challenge_pool: TrafficPool, holdout_pool: Traf
     return {"real": real, "challenge": challenges, "verbatim": verbatim, "old_shape": old}
 
 
+_CANONICAL = {w.casefold(): a for a, b, _, _ in SWAPS for w in (a, b)}
+_SWAP_WORDS = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(_CANONICAL, key=len, reverse=True)) + r")\b", re.I)
+
+
+def conversation_of(r: ChatRequest) -> str:
+    """Which conversation a request came from, the rewrite undone as far as it matters: its first
+    user message with digits dropped and every swapped word in one form."""
+    first = next(c for role, c in r.messages if role == "user")
+    text = _SWAP_WORDS.sub(lambda m: _CANONICAL[m.group(0).casefold()], first.casefold())
+    return " ".join(re.sub(r"\d+", "", text).split()[:12])
+
+
 def evaluate(positives: list[ChatRequest], negatives: list[ChatRequest], folds: int, seed: int) -> dict:
     """Out-of-fold ROC AUC of a logistic regression on all / text / shape features."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score, roc_curve
-    from sklearn.model_selection import StratifiedKFold
+    from sklearn.model_selection import StratifiedGroupKFold
     from sklearn.preprocessing import StandardScaler
 
     data = positives + negatives
@@ -98,7 +115,8 @@ def evaluate(positives: list[ChatRequest], negatives: list[ChatRequest], folds: 
     shapes = np.array([shape_features(r) for r in data])
     scores = {k: np.zeros(len(data)) for k in ("all", "text", "shape")}
     weights: dict[str, list[float]] = {}
-    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(texts, y):
+    groups = [conversation_of(r) for r in data]
+    for train, test in StratifiedGroupKFold(folds, shuffle=True, random_state=seed).split(texts, y, groups):
         words = TfidfVectorizer(ngram_range=(1, 2), min_df=2, max_features=30000, sublinear_tf=True)
         chars = TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=2, max_features=50000, sublinear_tf=True)
         scaler = StandardScaler()
