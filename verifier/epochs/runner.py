@@ -32,6 +32,7 @@ import functools
 import json
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
@@ -76,9 +77,18 @@ class Reference(Protocol):
     async def score(self, request: pb.GenerateRequest, token_ids: list[int]): ...
 
 
-@functools.lru_cache(maxsize=1)
+_POOL_LOCK = threading.Lock()
+
+
 def challenge_pool() -> TrafficPool:
-    """The corpus's challenge pool, indexed (seconds: once per process, shared by its runners)."""
+    """The corpus's challenge pool, indexed (seconds: once per process, shared by its runners,
+    which may ask for it from several threads at once)."""
+    with _POOL_LOCK:
+        return _load_pool()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_pool() -> TrafficPool:
     return TrafficPool.build(load_corpus().challenge)
 
 
