@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import random
 import re
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from gentorrent.config import EPOCHS, TRAFFIC, EpochParams, TrafficParams
-from gentorrent.traffic.model import ChatRequest, TrafficError, TrafficPool, draw
-from gentorrent.traffic.transform import disguise
+from gentorrent.traffic import challenge as traffic_challenge
+from gentorrent.traffic.model import ChatRequest, TrafficError, TrafficPool
 
 __all__ = [
     "ChallengeError",
@@ -202,24 +201,12 @@ def check_reveals(plan: ChallengePlan, reveals: Sequence[Reveal],
 def draw_challenge(pool: TrafficPool, seed: bytes, node_id: str, attempt: int = 0,
                    temperature: float | None = None, max_tokens_cap: int | None = None,
                    params: TrafficParams = TRAFFIC) -> ChatRequest:
-    """The challenge for (leader's private seed, node, attempt): a traffic-model request filled
-    from the challenge pool and rewritten (gentorrent.traffic.transform).
-
-    `attempt` lets the shell redraw on a collision; `temperature` and `max_tokens_cap` exist
-    for tests on a slow machine (greedy replies, short replies) and are None in deployments."""
-    digest = hashlib.sha256(b"gentorrent/challenge-draw/v1" + seed + node_id.encode("utf-8")
-                            + attempt.to_bytes(4, "big")).digest()
-    rng = random.Random(int.from_bytes(digest, "big"))
-    request = disguise(draw(rng, pool, params).request, rng)
-    if temperature is not None:
-        request = replace(request, temperature=temperature)
-    if max_tokens_cap is not None:
-        request = replace(request, max_tokens=min(request.max_tokens, max_tokens_cap))
+    """The challenge for (leader's private seed, node, attempt) (gentorrent.traffic.challenge);
+    ChallengeError when the draw falls out of bounds (the shell redraws)."""
     try:
-        request.check(params)
+        return traffic_challenge.draw_challenge(pool, seed, node_id, attempt, temperature, max_tokens_cap, params)
     except TrafficError as exc:
         raise ChallengeError(f"drawn challenge out of bounds: {exc}") from exc
-    return request
 
 
 def unique_questions(requests: Mapping[str, ChatRequest]) -> bool:
