@@ -61,14 +61,38 @@ def _swap(rng: random.Random, m: re.Match, rate: float) -> str:
     return f"{_match_case(article, fixed)} {word}"  # "a problem" -> "an issue"
 
 
+#: the commonest numbers of each length in the challenge pool's user messages, with counts, and
+#: the share of that length they cover; a number is replaced by one drawn from this (else a
+#: uniform one of the same length), so challenges have users' round numbers and recent years
+#: (uniform digits were the realism bench's strongest text signal: "10" marked real requests)
+_COMMON_NUMBERS = {
+    1: (("1", 15503), ("2", 11882), ("0", 11349), ("3", 8524), ("4", 6051), ("5", 5392), ("8", 2850), ("7", 2764),
+        ("6", 2751), ("9", 1752)),
+    2: (("10", 3980), ("15", 2705), ("00", 2041), ("36", 1805), ("12", 1702), ("20", 1632), ("01", 1525), ("22", 1357),
+        ("11", 1215), ("14", 1168), ("50", 1167), ("30", 1103), ("13", 943), ("24", 885), ("18", 878), ("16", 860),
+        ("23", 845), ("17", 772), ("25", 742), ("32", 673), ("19", 662), ("04", 633), ("40", 632), ("07", 629),
+        ("03", 623), ("02", 591), ("26", 582), ("21", 580), ("05", 553), ("27", 550), ("64", 549), ("29", 548)),
+    3: (("100", 1129), ("000", 678), ("200", 441), ("500", 365), ("255", 291), ("300", 279), ("256", 278), ("150", 236),
+        ("400", 205), ("800", 160), ("120", 149), ("250", 132), ("600", 97), ("700", 94), ("110", 91), ("127", 80),
+        ("512", 78), ("750", 77), ("900", 70), ("350", 70), ("365", 65)),
+    4: (("2023", 1389), ("2022", 934), ("2021", 376), ("2020", 295), ("2019", 264), ("1000", 259), ("2000", 208),
+        ("2010", 150), ("2018", 148), ("2007", 143), ("2016", 139), ("2013", 129), ("2017", 123), ("2009", 121),
+        ("2005", 118), ("2004", 114), ("2006", 114), ("2002", 111), ("2012", 108), ("2008", 106), ("2014", 104),
+        ("2015", 102), ("2003", 95), ("1992", 83), ("5000", 78), ("2001", 75), ("2011", 71), ("3000", 66)),
+}
+_TOTAL_NUMBERS = {1: 68819, 2: 49976, 3: 20390, 4: 11195}  # all numbers of that length
+
+
 def _number(rng: random.Random, m: re.Match) -> str:
-    """Another number of the same length; a year stays in its century ("2019" -> "2047")."""
+    """Another number of the same length, as users write them (_COMMON_NUMBERS)."""
     digits = m.group(0)
-    if len(digits) == 1:
-        return str(rng.randrange(10))
-    keep = digits[:2] if len(digits) == 4 and digits[:2] in ("19", "20") else digits[:1] if digits[0] == "0" else ""
-    head = keep or str(rng.randrange(1, 10))
-    return head + "".join(str(rng.randrange(10)) for _ in digits[len(head):])
+    common = _COMMON_NUMBERS.get(len(digits), ())
+    pick = rng.random() * _TOTAL_NUMBERS.get(len(digits), 1)
+    for value, count in common:
+        pick -= count
+        if pick < 0:
+            return value
+    return str(rng.randrange(1, 10)) + "".join(str(rng.randrange(10)) for _ in digits[1:])
 
 
 def rewrite_text(text: str, rng: random.Random, rate: float = 0.5) -> str:
