@@ -159,3 +159,20 @@ def test_rewritten_numbers_are_as_round_as_users_numbers():
     assert 0.05 < out.count("10") / len(out) < 0.11  # 3980 of 49976 two-digit numbers
     years = [rewrite_text("in 1987", random.Random(i)).split()[1] for i in range(1000)]
     assert years.count("2023") > 80
+
+
+def test_the_projects_own_asks_are_in_the_crowd_challenges_are_drawn_from():
+    """An OpenAI client that sets nothing and a plain `gt-user ask` send exactly what the traffic
+    model's openai_sdk and gt_user profiles send, so neither the project's users nor challenges
+    stand out by their sampling parameters."""
+    from user_client.api_requests import parse_chat, parse_gt_ask
+
+    sdk = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    ask = parse_gt_ask({"prompt": "hi", "stream": True})
+    profiles: dict[str, set] = {}
+    for d in _draws(2000):
+        r = d.request
+        profiles.setdefault(d.client, set()).add((r.temperature, r.top_p, r.max_tokens))
+    assert profiles["openai_sdk"] == {(sdk.temperature, sdk.top_p, sdk.max_tokens)}
+    assert profiles["gt_user"] == {(ask.temperature, ask.top_p, ask.max_tokens)}
+    assert all(d.request.stream == ask.stream for d in _draws(2000) if d.client == "gt_user")
