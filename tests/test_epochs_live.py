@@ -238,17 +238,19 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             closed = len(sec.history)
 
             # 3. a leader that forges the honest node's reply (its own text, a receipt it signed itself)
-            #    and alters the garbage node's (one token changed after the node signed) is caught by
-            #    the receipt check; one epoch for both (the abort reason names every bad reply)
+            #    and alters the pruned node's (one token changed after the node signed) is caught by
+            #    the receipt check; one epoch for both (the abort reason names every bad reply). (Not
+            #    the garbage node's: it echoes the whole prompt, and a challenge with a conversation's
+            #    history makes that echo longer than a reply may be, so it has no reply to alter.)
             faults.forge.add(honest)
-            faults.alter.add(garbage)
+            faults.alter.add(cheat)
             sec = await committee.wait(lambda s: any(h.faulty_leader and "did not sign" in h.reason
                                                      for h in s.history[closed:]), "a forging leader caught", 600)
             faults.forge.clear()
             faults.alter.clear()
             caught = next(h for h in sec.history[closed:] if h.faulty_leader and "did not sign" in h.reason)
             assert f"{honest[:16]}: receipt signature does not verify" in caught.reason, caught.reason
-            assert f"{garbage[:16]}: receipt covers different output tokens" in caught.reason, caught.reason
+            assert f"{cheat[:16]}: receipt covers different output tokens" in caught.reason, caught.reason
             assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
             assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)
             assert sum(m.faults for m in sec.members) >= 2
