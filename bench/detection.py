@@ -7,8 +7,8 @@
 
 Two stages, said out loud:
 
-1. Recording (real parts, slow, resumable): a reference `gt-model serve` (SmolLM2-135M) writes
-   questions from seeded topic/style draws of the public challenge generator; they go out in
+1. Recording (real parts, slow, resumable): questions are user turns drawn as the committee
+   draws challenges (the traffic model over real user conversations, gentorrent.traffic); they go out in
    several request shapes (single question, system prompt, multi-turn, pasted notes), at
    temperatures 0-1, top_p 1 or 0.9, 96 or 128 tokens, streamed or not. The honest node (the
    reference itself: independent samples of the honest model) answers --honest of them and each
@@ -189,9 +189,9 @@ async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency:
         ref_info = await asyncio.to_thread(ref_proc.wait)
         reference = RemoteReference(ref_info["address"], Path(ref_info["cert_file"]).read_bytes())
         if len(questions) < n_questions:
-            questions = await challenge_questions(reference, n_questions, os.urandom(32))
+            questions = challenge_questions(n_questions, os.urandom(32))
             qfile.write_text(json.dumps(questions, indent=1))
-            _progress(f"{len(questions)} questions written by the reference model")
+            _progress(f"{len(questions)} questions drawn from the traffic model")
         specs = request_specs(len(questions), max(n_honest, per_cheater), 18)
         await _record_node(reference, ref_info, questions, specs[:n_honest], "honest", concurrency)
         for label in kinds:
@@ -209,15 +209,14 @@ async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency:
 
 async def _selective_env(reference) -> dict:
     """The selective cheater as a real one would be built: its text model is trained on challenges
-    it had the public reference write from the public generator (an independent draw from the
-    bench's own), against user prompts. The bench's challenges come in user-ask shapes (as they
+    it drew itself from the public traffic model (an independent draw from the bench's own), against user prompts. The bench's challenges come in user-ask shapes (as they
     must once drawn from a traffic model), so the cheater's shape signal is off."""
     from testkit.cheater_training import challenge_questions, cross_validate, train_text_model
     from testkit.user_prompts import USER_PROMPTS
 
     qfile, model_file = CACHE / "cheater_questions.json", CACHE / "selective_text_model.json"
     if not qfile.exists():
-        qfile.write_text(json.dumps(await challenge_questions(reference, 100, os.urandom(32), "cheater"), indent=1))
+        qfile.write_text(json.dumps(challenge_questions(100, os.urandom(32), "cheater"), indent=1))
     questions = json.loads(qfile.read_text())
     train_text_model(questions, list(USER_PROMPTS)).save(model_file)
     _progress(f"selective text model: {cross_validate(questions, list(USER_PROMPTS))}")

@@ -46,14 +46,14 @@ def _progress(msg: str) -> None:
 
 
 async def _sample_replies(engine, n: int, tokens: int):
-    from gentorrent.config import EPOCH_RUN
+    from gentorrent.config import USER_API
     from gentorrent.generation import Prompt, Sampling
 
     out = []
     for i in range(n):
         prompt = Prompt(messages=(("user", QUESTIONS[i % len(QUESTIONS)]),))
         ids = engine.encode(prompt)
-        sampling = Sampling(temperature=EPOCH_RUN.challenge_temperature, max_tokens=tokens, seed=i)
+        sampling = Sampling(temperature=USER_API.temperature, max_tokens=tokens, seed=i)  # what most asks use
         reply = [t async for d in engine.generate(ids, sampling) for t in d.token_ids]
         out.append((ids, reply))
     return out

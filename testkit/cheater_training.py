@@ -1,10 +1,10 @@
 """Train the selective cheater's text model the way a real cheater would, and measure it.
 
-    .venv/bin/python -m testkit.cheater_training --reference NODE_JSON --out MODEL.json [--n 150]
+    .venv/bin/python -m testkit.cheater_training --out MODEL.json [--n 150]
 
-The cheater generates labelled challenges itself: the challenge generator (verifier/epochs/
-challenges.py) and the reference model are public, so it draws question seeds, has the
-reference write questions exactly as a leader would, and labels them "challenge"; the prompts
+The cheater generates labelled challenges itself: the traffic model and the corpus challenges
+are drawn from are public (gentorrent.traffic), so it draws challenges exactly as a leader
+would, with seeds of its own, and labels them "challenge"; the prompts
 its own users sent (testkit/user_prompts.py stands in for them) are "user". The model is
 a class-balanced logistic regression on word unigrams and bigrams (model_node/selective.py
 evaluates it; scikit-learn trains it here, off the node). Prints ONE JSON line: cross-validated accuracy, the
@@ -15,7 +15,6 @@ and the same on an independent held-out set of challenges when one is given.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -40,26 +39,25 @@ def train_text_model(challenges: list[str], users: list[str], c: float = 1.0) ->
     return TextModel(weights, prior=float(fit.intercept_[0]))
 
 
-async def challenge_questions(reference, n: int, seed: bytes, label: str = "bench") -> list[str]:
-    """`n` distinct questions written by the reference from seeded meta-prompts (as a leader does)."""
-    from verifier.epochs.challenges import (ChallengeError, build_meta_prompt, clean_question, draw_question_seed,
-                                            prompt_key)
+def challenge_questions(n: int, seed: bytes, label: str = "bench") -> list[str]:
+    """`n` distinct challenge texts drawn exactly as a leader draws them (the public traffic model
+    over the public corpus: gentorrent.traffic.challenge), with a seed of the cheater's own."""
+    from gentorrent.traffic.challenge import draw_challenge
+    from gentorrent.traffic.corpus import load_corpus
+    from gentorrent.traffic.model import TrafficError, TrafficPool
+    from verifier.epochs.challenges import prompt_key
 
-    async def one(attempt: int) -> str | None:
-        try:
-            return clean_question(await reference.write(build_meta_prompt(draw_question_seed(seed, label, attempt)),
-                                                        attempt))
-        except ChallengeError:
-            return None
-
+    pool = TrafficPool.build(load_corpus().challenge)
     out, keys, attempt = [], set(), 0
     while len(out) < n and attempt < 20 * n:
-        batch = await asyncio.gather(*(one(attempt + i) for i in range(16)))
-        attempt += 16
-        for question in batch:
-            if question and prompt_key(question) not in keys and len(out) < n:
-                keys.add(prompt_key(question))
-                out.append(question)
+        attempt += 1
+        try:
+            text = draw_challenge(pool, seed, label, attempt).text
+        except TrafficError:
+            continue
+        if prompt_key(text) not in keys:
+            keys.add(prompt_key(text))
+            out.append(text)
     return out
 
 
@@ -90,20 +88,8 @@ def cross_validate(challenges: list[str], users: list[str], folds: int = 5, seed
             "accuracy": round((tp + len(u) - fp) / n, 3), "folds": folds, "challenges": len(c), "users": len(u)}
 
 
-async def _generate(node_json: Path, n: int) -> list[str]:
-    from verifier.epochs.reference import RemoteReference
-
-    info = json.loads(node_json.read_text())
-    reference = RemoteReference(info["address"], Path(info["cert_file"]).read_bytes())
-    try:
-        return await challenge_questions(reference, n, os.urandom(32), "cheater")
-    finally:
-        await reference.close()
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reference", type=Path, help="node.json of a running honest `gt-model serve`")
     p.add_argument("--questions", type=Path, help="use (or write) this JSON list of generated challenges")
     p.add_argument("--held-out", type=Path, help="a JSON list of challenges generated independently")
     p.add_argument("--out", type=Path, required=True, help="where the trained text model goes")
@@ -112,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.questions and args.questions.exists():
         challenges = json.loads(args.questions.read_text())
     else:
-        challenges = asyncio.run(_generate(args.reference, args.n))
+        challenges = challenge_questions(args.n, os.urandom(32), "cheater")
         if args.questions:
             args.questions.write_text(json.dumps(challenges, indent=1))
     model = train_text_model(challenges, list(USER_PROMPTS))

@@ -3,7 +3,7 @@
 
 Real: 4 VerifierNodes (consensus over gRPC/TLS on loopback, WAL, private reveals), the epoch
 runner, the ABCI epoch rules and reputation, model-node keys and signed receipts. Scripted:
-the reference model's questions and token scores, and what each model node answers (the live
+the challenge pool (made-up conversations), the reference model's token scores, and what each model node answers (the live
 test with vLLM and the overlay is tests/test_epochs_live.py). Epochs take seconds this way, so
 leader faults and model-node faults can be run many times.
 """
@@ -21,6 +21,8 @@ from gentorrent.config import EPOCH_RUN
 from gentorrent.crypto.keys import Identity
 from gentorrent.crypto.tls import make_self_signed
 from gentorrent import receipts
+from gentorrent.traffic.corpus import Conversation
+from gentorrent.traffic.model import TrafficPool
 from testkit.committee import free_base_port
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier import cli
@@ -40,11 +42,21 @@ REPLAYED_TOKENS = [HONEST_TOKENS[i % len(HONEST_TOKENS)] for i in range(20)]  # 
 BEHAVIOURS = ("honest", "cheat", "down", "replay")
 
 
-class ScriptedReference:
-    """Questions from the meta-prompt's own words; honest tokens are the greedy choice."""
+def scripted_pool() -> TrafficPool:
+    """A small challenge pool of made-up conversations (every shape), so scripted committees do
+    not load the real corpus."""
+    convs = []
+    for i in range(40):
+        convs.append(Conversation(f"s{i}", (("user", f"How do I fix problem number {i} in my garden?"),
+                                            ("assistant", f"Water it less ({i})."),
+                                            ("user", f"And what about problem {i + 1}?"))))
+        convs.append(Conversation(f"d{i}", (("user", f"Summarise this text {i}: " + "lorem ipsum " * 200),)))
+        convs.append(Conversation(f"c{i}", (("user", f"Why does this fail?\n```\ndef f{i}():\n    return {i}\n```"),)))
+    return TrafficPool.build(convs)
 
-    async def write(self, instruction: str, seed: int) -> str:
-        return f"What should I know about {instruction[27:90].strip()} (ref {seed % 97})?"
+
+class ScriptedReference:
+    """Honest tokens are the greedy choice."""
 
     async def score(self, request, token_ids):
         lps, ranks, tops = [], [], []
@@ -103,12 +115,13 @@ class EpochCommittee:
 
     async def start(self, models: ScriptedModels, faults: LeaderFaults | None = None,
                     params=SCRIPTED_PARAMS) -> None:
+        pool = scripted_pool()
         for home in self.homes:
             node = VerifierNode(home)
             await node.start()
             self.nodes.append(node)
         for node in self.nodes:
-            runner = EpochRunner(node.epoch_host(), ScriptedReference(), models, params, faults)
+            runner = EpochRunner(node.epoch_host(), ScriptedReference(), models, params, faults, pool)
             node.epochs = runner
             runner.start()
             self.runners.append(runner)

@@ -14,6 +14,8 @@ from model_node import cheaters
 from model_node.engine import EngineDelta
 from model_node.service import LocalGenerator
 from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.config import EpochRunParams
+from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.probe_format import challenge_request
 
 NODE = Identity.from_seed(b"\x09" * 32)
@@ -42,7 +44,21 @@ async def _reply(gen, request) -> pb.GenerateChunk:
 
 
 def _request(text: str, session: str = "") -> pb.GenerateRequest:
-    r = challenge_request(text, "smollm2-135m")
+    r = challenge_request(ChatRequest.question(text), "smollm2-135m")
+    r.session_id = session
+    return r
+
+
+#: a deployment that pins the challenge sampling (as slow test machines do): greedy, 16 tokens
+PINNED = EpochRunParams(challenge_temperature=0.0, challenge_max_tokens=16)
+
+
+def _pinned(text: str, session: str = "") -> pb.GenerateRequest:
+    """A challenge as such a deployment sends it."""
+    from dataclasses import replace
+
+    r = challenge_request(replace(ChatRequest.question(text), temperature=0.0, max_tokens=16), "smollm2-135m")
+    r.stream = False
     r.session_id = session
     return r
 
@@ -65,9 +81,12 @@ async def test_random_and_replay_cheaters_sign_what_they_did_not_compute():
 
 async def test_the_selective_cheater_is_honest_only_on_what_looks_like_a_challenge():
     honest = LocalGenerator(ScriptedEngine(), NODE)
+    from model_node.selective import ChallengeDetector, PublicChallengeShape
+
     selective = cheaters.make_generator("selective", honest, "smollm2-135m")
-    assert selective.detector.is_challenge(_request("How do tides work?"))  # the public challenge shape
-    assert list((await _reply(selective, _request("How do tides work?"))).token_ids) == [7, 8, 9]
+    selective.detector = ChallengeDetector(shape=PublicChallengeShape(PINNED))
+    assert selective.detector.is_challenge(_pinned("How do tides work?"))  # the pinned challenge shape
+    assert list((await _reply(selective, _pinned("How do tides work?"))).token_ids) == [7, 8, 9]
     long_chat = _request("Tell me a story about a dragon. " * 20, session="s1")
     assert not selective.detector.is_challenge(long_chat)
     assert list((await _reply(selective, long_chat)).token_ids) != [7, 8, 9]
@@ -86,14 +105,18 @@ def _user_ask(text: str) -> pb.GenerateRequest:
                         temperature=1.0, stream=True)
 
 
-def test_the_public_challenge_shape_alone_separates_todays_challenges_from_user_asks():
-    """No language model needed: the sampling parameters and the message structure suffice."""
-    from model_node.selective import ChallengeDetector
+def test_pinned_challenge_sampling_gives_challenges_away_and_traffic_shaped_challenges_do_not():
+    """With pinned challenge sampling no language model is needed: the sampling parameters and
+    the message structure suffice. Challenges drawn from the traffic model (the default) have the
+    shapes users' asks have, so the shape says nothing about any request."""
+    from model_node.selective import ChallengeDetector, PublicChallengeShape
 
-    detector = ChallengeDetector()
-    assert detector.is_challenge(_request("Why do cats purr?"))
-    assert not detector.is_challenge(_user_ask("Why do cats purr?"))
-    assert not detector.is_challenge(_request("Why do cats purr?", session="s1"))
+    pinned = ChallengeDetector(shape=PublicChallengeShape(PINNED))
+    assert pinned.is_challenge(_pinned("Why do cats purr?"))
+    assert not pinned.is_challenge(_user_ask("Why do cats purr?"))
+    assert not pinned.is_challenge(_pinned("Why do cats purr?", session="s1"))
+    default = PublicChallengeShape()
+    assert {default.log_odds(r) for r in (_pinned("Why?"), _user_ask("Why?"), _request("Why?"))} == {0.0}
 
 
 def test_a_text_model_trained_on_self_generated_challenges_recognises_held_out_ones():

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gentorrent.traffic.model import ChatRequest
 from verifier.epochs import challenges as ch
 from verifier.epochs import epoch as ep
 from verifier.epochs import reputation as rep
@@ -18,6 +19,7 @@ from verifier.epochs import reputation as rep
 NODES = ["m-honest", "m-pruned", "m-other"]
 KEYS = {n: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, n in enumerate(NODES)}
 MODELS = {n: "smollm2-135m" for n in NODES}
+Q = ChatRequest.question
 
 
 def _payload(r: ep.SignedReply) -> bytes:
@@ -38,9 +40,9 @@ def check_signature(r: ep.SignedReply) -> bool:
 
 
 def setup_epoch():
-    reveals = [ch.Reveal(n, bytes([i]) * 32, f"Question number {i} about topic {n}?") for i, n in enumerate(NODES)]
+    reveals = [ch.Reveal(n, bytes([i]) * 32, Q(f"Question number {i} about topic {n}?")) for i, n in enumerate(NODES)]
     plan = ch.make_plan(9, reveals)
-    prompts = ch.check_reveals(plan, reveals)
+    prompts = {n: r.text for n, r in ch.check_reveals(plan, reveals).items()}
     replies = {n: signed(n, prompts[n], f"answer of {n}") for n in NODES}
     scores = {"m-honest": 0.93, "m-pruned": 0.12, "m-other": 0.31}
     proposal = ep.EpochProposal(9, "v0", {n: ep.ReplyOutcome(replies[n], scores[n]) for n in NODES})
@@ -191,7 +193,7 @@ def test_honest_node_never_punished_by_up_to_f_faulty_members(f, data):
     reports += [ep.ProbeReport(v, "m-honest", True) for v in honest]
     order = data.draw(st.permutations(reports))
     delivered = data.draw(st.integers(min_value=0, max_value=len(order)))
-    plan = ch.make_plan(1, [ch.Reveal("m-honest", b"\x01" * 32, "How do tides work?")])
+    plan = ch.make_plan(1, [ch.Reveal("m-honest", b"\x01" * 32, Q("How do tides work?"))])
     rec = ep.start_epoch(1, leader, committee, plan)
     rec = ep.apply_result(rec, ep.EpochProposal(1, leader, {"m-honest": ep.MissingOutcome("m-honest")}))
     for report in order[:delivered]:

@@ -238,20 +238,22 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             closed = len(sec.history)
 
             # 3. a leader that forges the honest node's reply (its own text, a receipt it signed itself)
-            #    and alters the garbage node's (one token changed after the node signed) is caught by
-            #    the members' checks of their private copies; one epoch for both (the reason names both)
+            #    and alters the pruned node's (one token changed after the node signed) is caught by
+            #    the members' checks of their private copies; one epoch for both (the reason names both).
+            #    (Not the garbage node's: it echoes the whole prompt, and a challenge with a
+            #    conversation's history makes that echo longer than a reply may be: nothing to alter.)
             faults.forge.add(honest)
-            faults.alter.add(garbage)
+            faults.alter.add(cheat)
             sec = await committee.wait(lambda s: any(h.faulty_leader and "did not sign" in h.reason
                                                      for h in s.history[closed:]), "a forging leader caught", 600)
             faults.forge.clear()
             faults.alter.clear()
             caught = next(h for h in sec.history[closed:] if h.faulty_leader and "did not sign" in h.reason)
-            assert honest[:16] in caught.reason and garbage[:16] in caught.reason, caught.reason
+            assert honest[:16] in caught.reason and cheat[:16] in caught.reason, caught.reason
             # the chain holds digests only; each member found the reason in its private copy
             notes = [line for r in committee.runners for line in r.log]
             assert any(f"{honest[:12]}: receipt signature does not verify" in n for n in notes), notes[-12:]
-            assert any(f"{garbage[:12]}: receipt covers different output tokens" in n for n in notes), notes[-12:]
+            assert any(f"{cheat[:12]}: receipt covers different output tokens" in n for n in notes), notes[-12:]
             assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
             assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)
             assert sum(m.faults for m in sec.members) >= 2

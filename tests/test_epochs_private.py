@@ -5,12 +5,16 @@ from __future__ import annotations
 import pytest
 
 from gentorrent.crypto.keys import Identity, OnionKey
+from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.challenges import Reveal
 from verifier.epochs.private import PrivateError, open_reveals, seal_reveals
 
 LEADER, OTHER = Identity.from_seed(b"\x01" * 32), Identity.from_seed(b"\x02" * 32)
 BOX, ELSEWHERE = OnionKey.generate(), OnionKey.generate()
-REVEALS = [Reveal("ab" * 32, b"\x05" * 32, "How do volcanoes form?"), Reveal("cd" * 32, b"\x06" * 32, "Why is the sky blue?")]
+REVEALS = [Reveal("ab" * 32, b"\x05" * 32, ChatRequest.question("How do volcanoes form?")),
+           Reveal("cd" * 32, b"\x06" * 32, ChatRequest((("system", "Réponds en français."), ("user", "Pourquoi le ciel est-il bleu ?"),
+                                                        ("assistant", "La diffusion."), ("user", "Et la nuit ?")),
+                                                       0.0, 0.9, 512, False, "00ff00ff00ff00ff"))]
 MEMBERS = {LEADER.public_key, OTHER.public_key}
 
 
@@ -49,3 +53,12 @@ def test_replies_travel_sealed_too_and_are_not_taken_for_reveals():
         open_reveals(payload, BOX.private_key, BOX.public_key, MEMBERS)
     with pytest.raises(PrivateError):
         open_private(payload, ELSEWHERE.private_key, ELSEWHERE.public_key, MEMBERS)
+
+
+def test_a_reveal_with_a_malformed_request_is_refused():
+    """A member gets a reveal whose request breaks the traffic bounds (here: no user message last):
+    it is refused as a whole, not half-used."""
+    bad = Reveal("ab" * 32, b"\x05" * 32, ChatRequest((("user", "hi"), ("assistant", "hello")), 0.7, 1.0, 64, True))
+    payload = seal_reveals(LEADER, BOX.public_key, 7, [bad])
+    with pytest.raises(PrivateError):
+        open_reveals(payload, BOX.private_key, BOX.public_key, MEMBERS)

@@ -17,7 +17,8 @@ from verifier.abci.interface import BlockContext, ValidatorInfo
 from gentorrent.ledger.sections import decode_model
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
-from verifier.epochs.challenges import commit_prompt, epoch_probe_seed, select_probe_set
+from verifier.epochs.challenges import commit_request, epoch_probe_seed, select_probe_set
+from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.reply_commitments import private_reply_problem, public_reply, reply_digest
 from verifier.epochs.runner import FORGED_TOKENS, forged_receipt
@@ -100,7 +101,7 @@ def prompts_for(epoch: int) -> dict[bytes, tuple[bytes, str]]:
 
 
 def signed_reply(model: Identity, prompt: str, tokens: list[int], name: str = MODEL) -> pb.ProbeReply:
-    request = challenge_request(prompt, MODEL)
+    request = challenge_request(ChatRequest.question(prompt), MODEL)
     receipt = receipts.make_receipt(model, name, request, tokens, T0)
     return pb.ProbeReply(node_id=model.node_id, token_ids=tokens, receipt=receipt)
 
@@ -109,7 +110,7 @@ def run_to_replies(chain: Chain, replies_for=None) -> tuple[Identity, int, dict]
     leader = elect(chain)
     epoch = chain.section.current.epoch
     prompts = prompts_for(epoch)
-    plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items()]
+    plan = [(n, commit_request(nonce, ChatRequest.question(p))) for n, (nonce, p) in prompts.items()]
     assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     assert chain.section.current.phase == rules.PROBING
     items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in MODELS]))(prompts)
@@ -197,11 +198,11 @@ def test_a_leader_that_leaves_a_node_out_of_its_plan_is_faulty(chain, plan_nodes
         leader = elect(chain)
         epoch = chain.section.current.epoch
         prompts = prompts_for(epoch)
-        plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items() if n != MODELS[1].node_id]
+        plan = [(n, commit_request(nonce, ChatRequest.question(p))) for n, (nonce, p) in prompts.items() if n != MODELS[1].node_id]
         if plan_nodes == "none":
             plan = []
         elif plan_nodes == "a_stranger_instead":
-            plan.append((bytes([9]) * 32, commit_prompt(bytes(32), "Who are you?")))
+            plan.append((bytes([9]) * 32, commit_request(bytes(32), ChatRequest.question("Who are you?"))))
         assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
         summary = chain.section.history[-1]
         assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
@@ -260,7 +261,7 @@ def test_the_public_state_holds_no_receipt_and_no_prompt_hash(chain):
     leader = elect(chain)
     epoch = chain.section.current.epoch
     prompts = prompts_for(epoch)
-    plan = [(n, commit_prompt(nonce, p)) for n, (nonce, p) in prompts.items()]
+    plan = [(n, commit_request(nonce, ChatRequest.question(p))) for n, (nonce, p) in prompts.items()]
     assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     full = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
     with pytest.raises(txs.TxError, match="no receipt"):
@@ -305,7 +306,7 @@ def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
     def forge_first(prompts):
         items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
         leader = next(m for m in MEMBERS if m.public_key == chain.section.current.leader)
-        request = challenge_request(prompts[MODELS[0].node_id][1], MODEL)
+        request = challenge_request(ChatRequest.question(prompts[MODELS[0].node_id][1]), MODEL)
         receipt = forged_receipt(leader, MODELS[0].node_id, request, list(FORGED_TOKENS))
         forged["receipt"] = receipt
         items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, token_ids=list(FORGED_TOKENS), receipt=receipt)
@@ -316,7 +317,7 @@ def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
     # well formed: names the node and covers the committed request and the committed tokens
     receipt = forged["receipt"]
     assert receipt.node_id == MODELS[0].node_id and receipt.model == MODEL
-    assert receipt.prompt_hash == receipts.request_prompt_hash(challenge_request(prompts[MODELS[0].node_id][1], MODEL))
+    assert receipt.prompt_hash == receipts.request_prompt_hash(challenge_request(ChatRequest.question(prompts[MODELS[0].node_id][1]), MODEL))
     assert receipt.output_hash == receipts.output_hash(list(FORGED_TOKENS))
     public = {r.node_id: r for r in chain.section.current.replies}
     node0 = chain.model(MODELS[0])

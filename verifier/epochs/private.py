@@ -1,6 +1,6 @@
 """Private reveals between committee members (the `Verifier.Private` RPC payload), pure.
 
-The leader's plain challenge prompts must reach every other member and nobody else: a model
+The leader's plain challenge requests must reach every other member and nobody else: a model
 node that saw them could answer challenges with extra care. The same holds for the full
 challenge replies (receipts carry the prompt hash: verifier.epochs.reply_commitments). Each
 private message is
@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gentorrent.crypto.keys import Identity, SignatureError, verify_signature
 from gentorrent.overlay import sealing
+from gentorrent.traffic.model import ChatRequest
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.challenges import Reveal
 from verifier.epochs.probe_format import REVEAL_LABEL
@@ -34,7 +35,7 @@ __all__ = ["PrivateError", "RevealBundle", "RepliesBundle", "seal_reveals", "sea
            "open_private", "MAX_PRIVATE_BYTES"]
 
 _SIGN_DOMAIN = b"gentorrent/epoch-private/v1\x00"
-MAX_PRIVATE_BYTES = 2 * 1024 * 1024
+MAX_PRIVATE_BYTES = 2 * 1024 * 1024  # 64 reveals of a full transcript (TRAFFIC.max_prompt_bytes) fit in half
 
 
 class PrivateError(ValueError):
@@ -58,14 +59,14 @@ class RepliesBundle:
 
 
 def _seal(sender: Identity, recipient_box_key: bytes, body: dict) -> bytes:
-    box = sealing.seal_to(recipient_box_key, json.dumps(body, sort_keys=True).encode(), REVEAL_LABEL)
+    box = sealing.seal_to(recipient_box_key, json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8"), REVEAL_LABEL)
     signature = sender.sign(_SIGN_DOMAIN + recipient_box_key + box)
     return sender.public_key + signature + box
 
 
 def seal_reveals(sender: Identity, recipient_box_key: bytes, epoch: int, reveals: list[Reveal]) -> bytes:
     return _seal(sender, recipient_box_key, {"epoch": epoch, "reveals": [
-        {"node_id": r.node_id, "nonce": r.nonce.hex(), "prompt": r.prompt} for r in reveals]})
+        {"node_id": r.node_id, "nonce": r.nonce.hex(), "request": r.request.to_dict()} for r in reveals]})
 
 
 def seal_replies(sender: Identity, recipient_box_key: bytes, epoch: int, replies: list[pb.ProbeReply]) -> bytes:
@@ -93,9 +94,9 @@ def open_private(payload: bytes, my_box: X25519PrivateKey, my_box_public: bytes,
             if replies.epoch != epoch:
                 raise ValueError("the replies name another epoch")
             return RepliesBundle(epoch, sender, tuple(replies.replies))
-        reveals = tuple(Reveal(str(r["node_id"]), bytes.fromhex(r["nonce"]), str(r["prompt"]))
+        reveals = tuple(Reveal(str(r["node_id"]), bytes.fromhex(r["nonce"]), ChatRequest.from_dict(r["request"]))
                         for r in body["reveals"])
-    except (sealing.SealError, ValueError, KeyError, TypeError, DecodeError) as exc:
+    except (sealing.SealError, ValueError, KeyError, TypeError, DecodeError) as exc:  # TrafficError is a ValueError
         raise PrivateError(f"private payload does not open: {exc}") from exc
     return RevealBundle(epoch, sender, reveals)
 

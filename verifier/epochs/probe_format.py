@@ -1,19 +1,19 @@
 """What a challenge looks like on the wire, and the keys a member uses for epochs (pure).
 
-Every member must rebuild, from a revealed prompt alone, the exact GenerateRequest the leader
+Every member must rebuild, from a revealed request alone, the exact GenerateRequest the leader
 sent: its attestation checks the node's signed receipt against that request's prompt hash and
-sampling hash. The request is built by the very function user nodes use for their own asks
-(gentorrent.generation.make_request: a one-message chat, the users' sampling parameters, no seed, no
-session), so a challenge is byte-for-byte an ordinary ask.
+sampling hash, and scores the reply with the request's own sampling parameters. The request is
+built by the very function user nodes use for their own asks (gentorrent.generation.make_request,
+through gentorrent.traffic.ChatRequest), so a challenge is byte-for-byte an ordinary ask of the
+shape the traffic model drew: messages, sampling, streaming and session id as a client sets them.
 """
 
 from __future__ import annotations
 
-from gentorrent.config import EPOCH_RUN, EpochRunParams
 from gentorrent.crypto.keys import Identity
 from gentorrent.receipts import request_prompt_hash, sampling_hash
+from gentorrent.traffic.model import ChatRequest
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.generation import make_request
 from verifier.epochs import vrf
 
 __all__ = ["challenge_request", "receipt_matches_request", "vrf_secret_of", "vrf_public_of", "REVEAL_LABEL"]
@@ -22,11 +22,9 @@ __all__ = ["challenge_request", "receipt_matches_request", "vrf_secret_of", "vrf
 REVEAL_LABEL = b"gentorrent/epoch-reveals/v1"
 
 
-def challenge_request(prompt: str, model: str, params: EpochRunParams = EPOCH_RUN) -> pb.GenerateRequest:
+def challenge_request(request: ChatRequest, model: str) -> pb.GenerateRequest:
     """The ask that carries a challenge (or a member's own probe) to a model node."""
-    return make_request(messages=[{"role": "user", "content": prompt}], model=model,
-                        max_tokens=params.challenge_max_tokens, temperature=params.challenge_temperature,
-                        top_p=params.challenge_top_p)
+    return request.to_generate_request(model)
 
 
 def receipt_matches_request(receipt: pb.ReplyReceipt, request: pb.GenerateRequest) -> bool:

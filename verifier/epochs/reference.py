@@ -38,7 +38,7 @@ def token_scores_of(reply: pb.ScoreReply) -> TokenScores:
 
 
 class RemoteReference:
-    """Generate (questions) and Score (replies) on a `gt-model serve` reachable over pinned TLS."""
+    """Score (replies) on a `gt-model serve` reachable over pinned TLS."""
 
     def __init__(self, address: str, cert_pem: bytes, params: EpochRunParams = EPOCH_RUN,
                  timeout_s: float = 600.0) -> None:
@@ -61,19 +61,6 @@ class RemoteReference:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    async def write(self, instruction: str, seed: int) -> str:
-        """The reference model's answer to an instruction (a challenge question is written so)."""
-        stub = await self._stub()
-        sampling = pb.SamplingParams(temperature=self.params.challenge_temperature, top_p=self.params.challenge_top_p,
-                                     max_tokens=self.params.question_max_tokens, has_seed=True, seed=seed)
-        request = pb.GenerateRequest(model=self.model, messages=[pb.ChatMessage(role="user", content=instruction)],
-                                     sampling=sampling)
-        try:
-            chunks = [c async for c in stub.Generate(request, timeout=self.timeout_s)]
-        except grpc.aio.AioRpcError as exc:
-            raise ReferenceModelError(f"reference Generate failed: {exc.code().name} {exc.details()}") from exc
-        return "".join(c.text for c in chunks)
 
     async def score(self, request: pb.GenerateRequest, token_ids: list[int]) -> TokenScores:
         """Log-probabilities of `token_ids` after the request's prompt, in one pass."""

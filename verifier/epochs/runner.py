@@ -5,19 +5,23 @@ of each phase, once, by submitting signed epoch transactions to its own node:
 
     no keys yet    register the VRF and X25519 keys (epoch_member_keys)
     electing       post this member's ECVRF proof for the epoch
-    planning       (leader) write one question per model node with the reference model from a
-                   seeded topic/style draw, send the plain prompts privately to every other
-                   member (Private RPC), then commit to them (epoch_plan)
+    planning       (leader) draw one request per model node from the traffic model (real user
+                   conversations, shaped and sampled as clients send them, rewritten), send the
+                   plain requests privately to every other member (Private RPC), then commit
+                   to them (epoch_plan)
     probing        (leader) ask every node its question through the anonymous overlay as an
                    ordinary user node, send the signed replies privately to every other member
                    and post only their digests (or missing reports)
     attesting      first, when this member runs an audit desk, post the audit score per node
                    of the users' audits it scored since its last report (epoch_audit_report);
                    then check the leader's private copy of every reply against its public digest
-                   and the node's key, re-score it with this member's reference model after checking
-                   that the signed receipt covers the committed prompt (epoch_attestation)
+                   and the node's key, re-score it with this member's reference model (with the
+                   request's own sampling parameters) after checking that the signed receipt
+                   covers the committed request (epoch_attestation)
     attesting /    (not the leader) probe each node the leader reported missing with a prompt of
     resolving      this member's own, and report whether a valid signed reply came (epoch_probe_report)
+
+The challenge pool (gentorrent.traffic) is loaded once per process, off the event loop.
 
 Everything it decides on comes from committed state, so a restarted runner simply picks up where
 the chain is. Transactions it may have sent twice are refused by the app and ignored here.
@@ -28,9 +32,11 @@ faulty-leader detection only).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
@@ -38,14 +44,15 @@ from typing import Awaitable, Callable, Protocol
 from gentorrent.config import EPOCH_RUN, EPOCHS, EpochRunParams
 from gentorrent.crypto.keys import Identity
 from gentorrent import receipts
+from gentorrent.traffic.corpus import load_corpus
+from gentorrent.traffic.model import ChatRequest, TrafficPool
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs import rules
 from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf
-from verifier.epochs.challenges import (ChallengeError, Reveal, build_meta_prompt, clean_question, commit_prompt,
-                                        draw_question_seed, prompt_key, question_engine_seed, select_probe_set,
-                                        verify_reveal)
+from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, draw_challenge, prompt_key,
+                                        select_probe_set, verify_reveal)
 from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
 from verifier.epochs.reply_commitments import private_reply_problem, public_reply
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
@@ -73,9 +80,22 @@ class Prober(Protocol):
 
 
 class Reference(Protocol):
-    async def write(self, instruction: str, seed: int) -> str: ...
-
     async def score(self, request: pb.GenerateRequest, token_ids: list[int]): ...
+
+
+_POOL_LOCK = threading.Lock()
+
+
+def challenge_pool() -> TrafficPool:
+    """The corpus's challenge pool, indexed (seconds: once per process, shared by its runners,
+    which may ask for it from several threads at once)."""
+    with _POOL_LOCK:
+        return _load_pool()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_pool() -> TrafficPool:
+    return TrafficPool.build(load_corpus().challenge)
 
 
 @dataclass
@@ -121,8 +141,10 @@ class RunnerHost:
 
 class EpochRunner:
     def __init__(self, host: RunnerHost, reference: Reference, prober: Prober | None,
-                 params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None) -> None:
+                 params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
+                 pool: TrafficPool | None = None) -> None:
         self.host, self.reference, self.prober, self.params = host, reference, prober, params
+        self.pool = pool  # None: the corpus's challenge pool, loaded on first use
         self.faults = faults or LeaderFaults()
         self.me = host.identity.public_key
         self._seq = 0
@@ -130,7 +152,7 @@ class EpochRunner:
         self._busy: dict[tuple, asyncio.Task] = {}
         self._reveals: dict[int, dict[str, Reveal]] = {}  # epoch -> node id hex -> reveal
         self._replies: dict[int, dict[str, pb.ProbeReply]] = {}  # epoch -> node id hex -> full reply (private)
-        self._prepared: dict[int, tuple[bytes, dict[str, str]]] = {}  # epoch -> (seed, node -> question)
+        self._prepared: dict[int, tuple[bytes, dict[str, ChatRequest]]] = {}  # epoch -> (seed, node -> request)
         self.outputs = CommitteeMemory()  # outputs of attested replies, per node (repeats.py)
         self._task: asyncio.Task | None = None
         self.log: list[str] = []  # what it did, for status and tests
@@ -274,24 +296,27 @@ class EpochRunner:
             return {}
         return {m.node_id.hex(): m for m in decode_directory(value).models}
 
-    async def _write_question(self, seed: bytes, node_id: str, taken: set[str]) -> str | None:
-        for attempt in range(self.params.question_attempts):
-            q = draw_question_seed(seed, node_id, attempt)
-            text = await self.reference.write(build_meta_prompt(q), question_engine_seed(seed, node_id, attempt))
-            try:
-                question = clean_question(text)
-            except ChallengeError:
-                continue
-            if prompt_key(question) not in taken:
-                taken.add(prompt_key(question))
-                return question
-        return None
-
-    async def _questions(self, seed: bytes, node_ids: list[str], taken: set[str] | None = None) -> dict[str, str]:
-        """One unique question per node, written concurrently (the engine batches them)."""
+    async def _questions(self, seed: bytes, node_ids: list[str],
+                         taken: set[str] | None = None) -> dict[str, ChatRequest]:
+        """One challenge per node, no two with the same text (a collision is redrawn)."""
+        if not node_ids:
+            return {}
+        if self.pool is None:
+            self.pool = await asyncio.to_thread(challenge_pool)
         taken = set() if taken is None else taken
-        written = await asyncio.gather(*(self._write_question(seed, n, taken) for n in node_ids))
-        return {n: q for n, q in zip(node_ids, written) if q is not None}
+        out: dict[str, ChatRequest] = {}
+        for node_id in node_ids:
+            for attempt in range(self.params.question_attempts):
+                try:
+                    request = draw_challenge(self.pool, seed, node_id, attempt, self.params.challenge_temperature,
+                                             self.params.challenge_max_tokens)
+                except ChallengeError:
+                    continue
+                if prompt_key(request.text) not in taken:
+                    taken.add(prompt_key(request.text))
+                    out[node_id] = request
+                    break
+        return out
 
     async def _prepare(self, epoch: int) -> bool:
         seed = secrets.token_bytes(32)  # private: nobody can predict topics or the probe set
@@ -310,17 +335,17 @@ class EpochRunner:
             return True
         chosen = sorted(n.hex() for n in cur.probe_set)  # fixed by the chain: the plan must cover it all
         questions = {n: q for n, q in questions.items() if n in chosen}
-        for round_ in range(self.params.question_rounds):  # a node left without a question makes us faulty
+        for round_ in range(self.params.question_rounds):  # a node left without a challenge makes us faulty
             missing = [n for n in chosen if n not in questions]
             if not missing:
                 break
-            taken = {prompt_key(q) for q in questions.values()}
+            taken = {prompt_key(q.text) for q in questions.values()}
             questions.update(await self._questions(seed + b"late" + bytes([round_]), missing, taken))
         reveals = [Reveal(n, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), questions[n])
                    for n in chosen if n in questions and n not in self.faults.omit]
         self._reveals[epoch] = {r.node_id: r for r in reveals}
         await self._send_private(epoch, "reveals", lambda key: seal_reveals(self.host.identity, key, epoch, reveals))
-        entries = [(bytes.fromhex(r.node_id), commit_prompt(r.nonce, r.prompt)) for r in reveals]
+        entries = [(bytes.fromhex(r.node_id), commit_request(r.nonce, r.request)) for r in reveals]
         ident = self.host.identity
         if not await self._submit(lambda s, c: epoch_txs.plan(ident, epoch, entries, s, chain_id=c),
                                   f"epoch {epoch} plan"):
@@ -359,7 +384,7 @@ class EpochRunner:
         node = bytes.fromhex(reveal.node_id)
         if reveal.node_id in self.faults.drop or entry is None:  # (None: deregistered since the election)
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
-        request = challenge_request(reveal.prompt, entry.model, self.params)
+        request = challenge_request(reveal.request, entry.model)
         if reveal.node_id in self.faults.forge:
             tokens = list(FORGED_TOKENS)
             return pb.ProbeReply(node_id=node, token_ids=tokens,
@@ -413,7 +438,6 @@ class EpochRunner:
         reveals, private = await self._await_private(epoch, cur)
         models = self._models()
         commitments = {e.node_id.hex(): e.commitment for e in cur.plan}
-        sampling = SamplingSpec(self.params.challenge_temperature, self.params.challenge_top_p)
         scores = []
         for r in (x for x in cur.replies if not x.missing):
             node = r.node_id.hex()
@@ -426,11 +450,12 @@ class EpochRunner:
                 self._note(f"epoch {epoch}: the leader's reply of {node[:12]}: {problem}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_LEADER_FAULTY))
                 continue
-            request = challenge_request(reveal.prompt, entry.model, self.params)
-            if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.prompt) or \
+            request = challenge_request(reveal.request, entry.model)
+            if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.request) or \
                     not receipt_matches_request(full.receipt, request):
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
                 continue
+            sampling = SamplingSpec(reveal.request.temperature, reveal.request.top_p)
             try:
                 report = score_reply(await self.reference.score(request, list(full.token_ids)), sampling)
             except (ScoringError, RuntimeError) as exc:
@@ -471,7 +496,7 @@ class EpochRunner:
             question = (await self._questions(secrets.token_bytes(32), [node])).get(node)
             if question is not None:
                 try:
-                    answer = await self._ask(challenge_request(question, entry.model, self.params), node)
+                    answer = await self._ask(challenge_request(question, entry.model), node)
                     receipts.verify_receipt(answer.receipt, entry.public_key, None, answer.token_ids)
                     ok = True
                 except (ProbeFailed, receipts.ReceiptError) as exc:
