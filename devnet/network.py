@@ -215,7 +215,8 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
             # probes through a user node of its own, registered with the committee like any other
             argv += ["--epochs", "--reference-model", reference.address,
                      "--reference-cert", reference.extra["cert_file"],
-                     "--challenge-spread-s", str(DEVNET.challenge_spread_s)]
+                     "--challenge-spread-s", str(DEVNET.challenge_spread_s),
+                     "--challenge-max-tokens", str(DEVNET.challenge_max_tokens)]
         extra = {}
         if dashboards:
             port = _free_ports(1)

@@ -553,6 +553,10 @@ class DevnetParams:
     epochs: bool = True  # verifiers run verification epochs, scoring with one shared reference engine
     # the demo waits for epochs to close: spread its challenges over seconds, not EPOCH_RUN's minutes
     challenge_spread_s: float = 5.0
+    # ... and caps challenge replies: the traffic model asks for up to EPOCH_RUN.max_reply_tokens,
+    # minutes of a 135M model on 2 shared cores per epoch. A cap makes the devnet's challenges
+    # recognisable by max_tokens (users' asks say 256); a deployment leaves it unset.
+    challenge_max_tokens: int = 96
     # CPU engine start-up on 2 shared cores: ~20 s alone, minutes when the machine is busy
     model_start_timeout_s: float = 900.0
     node_start_timeout_s: float = 120.0

@@ -61,7 +61,9 @@ PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_to
 class LiveCommittee:
     def __init__(self, tmp: Path) -> None:
         assert cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(tmp / "committee"),
-                         "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", CHAIN]) == 0
+                         "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", CHAIN,
+                         # the test registers its nodes by hand and renews nothing: leases outlast it
+                         "--lease-s", "7200"]) == 0
         self.homes = [tmp / "committee" / f"v{i}" for i in range(4)]
         self.nodes: list[VerifierNode] = []
         self.runners = []

@@ -7,7 +7,8 @@
         a non-validating node that follows an existing committee (serves queries, relays txs)
     gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
                       [--epochs --reference-model HOST:PORT --reference-cert FILE
-                       [--probe-listen H:P [--probe-advertise H:P]] [--challenge-spread-s S]]
+                       [--probe-listen H:P [--probe-advertise H:P]] [--challenge-spread-s S]
+                       [--challenge-max-tokens N]]
         run the node (embedded Tendermint consensus), or serve the application to CometBFT;
         --epochs also runs verification epochs (verifier.epochs.runner) with that reference model,
         probing through a user node of its own that registers with the committee
@@ -138,7 +139,8 @@ def _epoch_args(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"--probe-listen: {exc}") from None
     return {"address": args.reference_model, "cert": Path(args.reference_cert),
             "probe_listen": args.probe_listen, "probe_advertise": args.probe_advertise,
-            "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s)}  # checks the range
+            "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s,  # checks the range
+                              challenge_max_tokens=args.challenge_max_tokens)}
 
 
 async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboard: str | None = None,
@@ -253,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--challenge-spread-s", type=float_in(0, 86400), default=EPOCH_RUN.challenge_spread_s,
                    metavar="S", help="each challenge leaves after a random delay in [0, S] (default: spread over the "
                         f"whole probing window, {EPOCH_RUN.spread_s:g} s)")
+    s.add_argument("--challenge-max-tokens", type=int_in(1, EPOCH_RUN.max_reply_tokens), default=None, metavar="N",
+                   help="cap the replies challenges ask for (default: as the traffic model draws them, like users' "
+                        "asks; a cap makes challenges recognisable by max_tokens: only for slow test machines)")
     s.set_defaults(func=cmd_start)
     st = sub.add_parser("status", help="ask a running verifier for its status")
     st.add_argument("--home", required=True, help="the member's home")
