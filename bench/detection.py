@@ -17,10 +17,16 @@ Two stages, said out loud:
    a change to the scoring is re-measured with --no-record in seconds.
 2. Resampling (pure): --runs runs of 35 epochs per node, one challenge per epoch drawn from ITS
    recorded replies, through each member's repeated-output memory (verifier.epochs.repeats) and
-   the reputation update exactly as FinalizeBlock applies it.
+   the reputation update exactly as FinalizeBlock applies it. Each epoch also audits the node's
+   real replies: Binomial(--asks-per-epoch, rate) audited asks (at most the desk's per-node cap),
+   each reply drawn from what the node does on REAL traffic (the selective cheater: the `random`
+   kind's cheap reply, or the honest one on the share of user prompts its detector flags), folded
+   by the committee's own functions (verifier.epochs.audits: audit_score, agree_audit_scores,
+   fold_credibility), for every rate of --audit-rates (0: challenges only).
 
 Prints ONE JSON line (honest false-positive rate with its 95 % Wilson interval, the
-epochs-to-untrusted distribution per cheater kind, the selective cheater's own accuracy) and
+epochs-to-untrusted distribution per cheater kind without audits and, under "audits", with them
+per rate, the selective cheater's own accuracy) and
 writes results/detection.png and results/detection_scores.json (per-reply credibilities).
 """
 
@@ -36,9 +42,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gentorrent.config import AUDITS, AuditParams  # noqa: E402
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SCORES = ROOT / "results" / "detection_scores.json"
@@ -47,6 +61,12 @@ FIGURE = ROOT / "results" / "detection.png"
 CHEATERS = ("replay", "pruned", "noisy", "other-model", "random", "selective")  # selective last
 EPOCHS_RUN = 35
 MODEL = "smollm2-135m"
+AUDIT_RATES = (0.0, 0.01, 0.02, 0.05)  # swept; AUDITS.rate (0.02) is the committee's setting
+# Real asks one model node answers per epoch. An epoch is EPOCH_RUN's deadlines (a few minutes);
+# a small node serving a handful of users at a few asks a minute each answers ~200 in that time.
+# It is a guess, not a measurement: the JSON line carries it, and audits scale with rate x asks.
+ASKS_PER_EPOCH = 200
+COMMITTEE = 4  # members reporting audit scores (the devnet's committee)
 
 
 def _progress(msg: str) -> None:
@@ -252,23 +272,120 @@ def score_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: bool = True) -> list[float]:
+@dataclass(frozen=True)
+class RealTraffic:
+    """What a node answers on REAL asks, the pool its audited replies are drawn from: `cheap`
+    on the asks it does not take for challenges, `honest` on the share `flagged` it does (a
+    selective cheater's false alarms on user prompts). Every other node answers real asks as it
+    answers challenges, so its pool is its own recorded replies."""
+
+    cheap: tuple[float, ...]
+    honest: tuple[float, ...] = ()
+    flagged: float = 0.0
+
+    def draw(self, rng: random.Random) -> float:
+        pool = self.honest if self.honest and rng.random() < self.flagged else self.cheap
+        return rng.choice(pool)
+
+
+@dataclass(frozen=True)
+class AuditSim:
+    """Audits of one node's real replies per simulated epoch: Binomial(asks_per_epoch, rate)
+    audited asks, of which the desk scores at most `params.max_per_node_epoch`; every member
+    receives every audit (users hand each one to all members), so each reports the same score."""
+
+    rate: float
+    asks_per_epoch: int
+    traffic: RealTraffic
+    params: AuditParams = AUDITS
+    committee: int = COMMITTEE
+
+    def credibility(self, challenge: float, rng: random.Random, draws: "np.random.Generator") -> float:
+        """The epoch credibility the committee folds from the challenge and this epoch's audits,
+        through its own functions (audit_score per member, agree_audit_scores, fold_credibility)."""
+        from verifier.epochs.audits import agree_audit_scores, audit_score, fold_credibility
+
+        audited = min(int(draws.binomial(self.asks_per_epoch, self.rate)), self.params.max_per_node_epoch)
+        scores = [self.traffic.draw(rng) for _ in range(audited)]
+        if not scores:
+            return challenge
+        report = {b"node": audit_score(scores)}
+        agreed = agree_audit_scores({f"member-{m}": report for m in range(self.committee)}, self.committee)
+        return fold_credibility(challenge, [agreed[b"node"]])
+
+
+def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: bool = True,
+               audits: AuditSim | None = None, audit_rng: random.Random | None = None) -> list[float]:
     """One node's reputation over `epochs`: one challenge per epoch drawn from its replies, through
-    the committee's repeated-output memory and reputation update (FinalizeBlock's pure code).
-    `memory_on=False`: a replayer that never repeats an output (the relevance test alone)."""
+    the committee's repeated-output memory, folded with that epoch's audits of its real replies
+    (`audits`, None: challenges only), and the reputation update (FinalizeBlock's pure code).
+    `memory_on=False`: a replayer that never repeats an output (the relevance test alone).
+    Audits draw from their own `audit_rng`, so every audit rate sees the same challenges."""
+    import numpy as np
+
     from gentorrent.config import REPUTATION
     from verifier.epochs import reputation as rep
     from verifier.epochs.repeats import CommitteeMemory
 
+    if audits is not None and audit_rng is None:
+        raise ValueError("audits need their own random source (audit_rng)")
+    draws = np.random.default_rng(audit_rng.getrandbits(64)) if audit_rng is not None else None
     state, memory, curve = rep.initial_state(REPUTATION), CommitteeMemory(), [REPUTATION.initial_reputation]
     order = rng.sample(rows, len(rows)) if len(rows) >= epochs else [rng.choice(rows) for _ in range(epochs)]
     for row in order[:epochs]:
         prompt, output = bytes.fromhex(row["prompt_hash"]), bytes.fromhex(row["output_hash"])
         cred = memory.judge("node", prompt, output, row["temperature"], row["tokens"], row["credibility"]) \
             if memory_on else row["credibility"]
+        if audits is not None and audit_rng is not None and draws is not None:
+            cred = audits.credibility(cred, audit_rng, draws)
         state = rep.update(state, cred, REPUTATION)
         curve.append(state.reputation)
     return curve
+
+
+REPLAY_UNIQUE = "replay (no output repeated)"
+
+
+def real_traffic(scored: dict[str, list[dict]], flagged: float) -> dict[str, RealTraffic]:
+    """Each simulated node's replies to real asks. The selective cheater answers a real ask
+    cheaply (the `random` kind's recorded replies: the cheapest answer it has) unless its
+    detector flags the ask, which it does on a share `flagged` of user prompts (its measured
+    false-alarm rate), and then answers as the honest node does."""
+    creds = {label: tuple(r["credibility"] for r in rows) for label, rows in scored.items()}
+    out = {label: RealTraffic(pool) for label, pool in creds.items()}
+    if "replay" in creds:
+        out[REPLAY_UNIQUE] = RealTraffic(creds["replay"])
+    if "selective" in creds and "random" in creds:
+        out["selective"] = RealTraffic(creds["random"], creds.get("honest", ()), flagged)
+    return out
+
+
+def resample(scored: dict[str, list[dict]], epochs: int, runs: int, seed: int, rates: tuple[float, ...],
+             asks_per_epoch: int, flagged: float, params: AuditParams = AUDITS) -> dict[float, dict]:
+    """Epochs-to-untrusted of every run, per audit rate and node (rate 0: challenges only). Each
+    node's challenges come from one seeded stream and its audits from another, so every rate
+    sees the same challenges and the rates differ by their audits alone."""
+    below = _untrusted_below()
+    traffic = real_traffic(scored, flagged)
+    nodes = {label: (rows, True) for label, rows in scored.items()}
+    if "replay" in scored:  # a replayer with a pool of other prompts' replies never repeats one
+        nodes[REPLAY_UNIQUE] = (scored["replay"], False)
+    out: dict[float, dict] = {}
+    for rate in rates:
+        out[rate] = {}
+        for label, (rows, memory_on) in nodes.items():
+            sim = AuditSim(rate, asks_per_epoch, traffic[label], params) if rate > 0 else None
+            rng, audit_rng = random.Random(f"{seed}/{label}"), random.Random(f"{seed}/{label}/audits")
+            out[rate][label] = [epochs_until_untrusted(run_epochs(rows, epochs, rng, memory_on, sim,
+                                                                  audit_rng if sim else None), below)
+                                for _ in range(runs)]
+    return out
+
+
+def _untrusted_below() -> float:
+    from gentorrent.config import REPUTATION
+
+    return REPUTATION.untrusted_below
 
 
 def epochs_until_untrusted(curve: list[float], below: float) -> int | None:
@@ -293,31 +410,46 @@ def distribution(values: list[int | None], epochs: int) -> dict:
             "histogram": {str(t): caught.count(t) for t in range(1, epochs + 1) if caught.count(t)}}
 
 
-def plot(example: dict[str, list[float]], dists: dict[str, list[int | None]], below: float, epochs: int) -> None:
+def _share_by_epoch(values: list[int | None], epochs: int) -> list[float]:
+    return [sum(1 for v in values if v is not None and v <= x) / len(values) for x in range(epochs + 1)]
+
+
+def plot(example: dict[str, list[float]], dists: dict[str, list[int | None]], by_rate: dict[float, dict],
+         below: float, epochs: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
     for node, curve in example.items():
         left.plot(range(len(curve)), curve, "-" if node == "honest" else "--", label=node)
     left.axhline(below, color="grey", linestyle=":", linewidth=1)
-    left.set(title="one run (gamma = 1/5)", xlabel="epoch", ylabel="reputation", ylim=(-0.02, 1.02))
+    left.set(title="one run, challenges only (gamma = 1/5)", xlabel="epoch", ylabel="reputation", ylim=(-0.02, 1.02))
+    xs = list(range(epochs + 1))
     for node, values in dists.items():
-        xs = list(range(epochs + 1))
-        right.step(xs, [sum(1 for v in values if v is not None and v <= x) / len(values) for x in xs], where="post",
-                   label=node)
+        middle.step(xs, _share_by_epoch(values, epochs), where="post", label=node)
+    middle.axvline(5, color="grey", linestyle=":", linewidth=1)
+    middle.set(title="share untrusted by epoch, challenges only", xlabel="epoch", ylabel="share of runs",
+               ylim=(-0.02, 1.02))
+    middle.legend(fontsize=7, loc="center right")
+    for i, (rate, nodes) in enumerate(sorted(by_rate.items())):
+        for node, style in (("selective", "-"), (REPLAY_UNIQUE, "--"), ("honest", ":")):
+            if node in nodes:
+                right.step(xs, _share_by_epoch(nodes[node], epochs), style, where="post", color=f"C{i}",
+                           label=f"{node}, audit rate {rate:g}")
     right.axvline(5, color="grey", linestyle=":", linewidth=1)
-    right.set(title="share untrusted by epoch (all runs)", xlabel="epoch", ylabel="share of runs", ylim=(-0.02, 1.02))
-    right.legend(fontsize=7, loc="center right")
+    right.set(title="with audits of real replies (per audit rate)", xlabel="epoch", ylabel="share of runs",
+              ylim=(-0.02, 1.02))
+    right.legend(fontsize=6, loc="center right")
     fig.suptitle("Cheater detection from recorded real credibilities (SmolLM2-135M reference)")
     fig.tight_layout()
     FIGURE.parent.mkdir(exist_ok=True)
     fig.savefig(FIGURE, dpi=120)
 
 
-def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: int) -> dict:
+def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: int,
+            rates: tuple[float, ...] = AUDIT_RATES, asks_per_epoch: int = ASKS_PER_EPOCH) -> dict:
     from gentorrent.config import REPUTATION
     from verifier.epochs.scoring import calibrate_threshold
 
@@ -328,15 +460,19 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
     tau, below = REPUTATION.abnormal_threshold, REPUTATION.untrusted_below
     honest = [r["credibility"] for r in scored.get("honest", [])]
     fp = sum(1 for c in honest if c < tau)
-    rng = random.Random(seed)
-    dists = {label: [epochs_until_untrusted(run_epochs(rows, epochs, rng), below) for _ in range(runs)]
-             for label, rows in scored.items()}
-    if "replay" in scored:  # a replayer with a pool of other prompts' replies never repeats one
-        dists["replay (no output repeated)"] = [epochs_until_untrusted(run_epochs(scored["replay"], epochs, rng, False),
-                                                                       below) for _ in range(runs)]
-    plot({label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}, dists, below, epochs)
+    selective = _selective_accuracy()
+    flagged = selective["cross_validated_on_its_own"]["fpr"] if selective else 0.0
+    rates = tuple(sorted({0.0, AUDITS.rate, *rates}))
+    by_rate = resample(scored, epochs, runs, seed, rates, asks_per_epoch, flagged)
+    dists, audited = by_rate[0.0], by_rate[AUDITS.rate]
+    example = {label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}
+    plot(example, dists, by_rate, below, epochs)
     cheaters = {k: distribution(v, epochs) for k, v in dists.items() if k != "honest"}
+    with_audits = {k: distribution(v, epochs) for k, v in audited.items() if k != "honest"}
     lo, hi = wilson(fp, len(honest))
+    pessimistic = _honest_at_rate(scored.get("honest", []), hi)
+    pess_by_rate = resample({"honest": pessimistic}, epochs, runs, seed, rates, asks_per_epoch, 0.0) \
+        if pessimistic else {}
     return {
         "bench": "detection", "epochs": epochs, "runs_per_node": runs, "tau": tau, "untrusted_below": below,
         "replies": {k: len(v) for k, v in scored.items()},
@@ -348,11 +484,45 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
         "tau_suggested_from_honest": round(calibrate_threshold(honest), 3) if honest else None,
         "mean_credibility": {k: round(sum(r["credibility"] for r in v) / len(v), 3) for k, v in scored.items()},
         "epochs_until_untrusted": cheaters,
-        "goal_met": all(d["within_5"] == 1.0 for d in cheaters.values())
-        and not any(v is not None for v in dists.get("honest", [])),
-        "selective_text_model": _selective_accuracy(),
+        "audits": {"asks_per_epoch": asks_per_epoch, "rate": AUDITS.rate, "cap_per_node_epoch":
+                   AUDITS.max_per_node_epoch, "committee": COMMITTEE, "selective_flags_user_asks": flagged,
+                   "epochs_until_untrusted": {k: {f: d[f] for f in ("never", "within_5", "median", "p90", "max")}
+                                              for k, d in with_audits.items()},
+                   "within_5_by_rate": {k: {str(r): distribution(by_rate[r][k], epochs)["within_5"] for r in rates}
+                                        for k in dists if k != "honest"},
+                   "median_by_rate": {k: {str(r): distribution(by_rate[r][k], epochs)["median"] for r in rates}
+                                      for k in dists if k != "honest"},
+                   "honest_runs_ever_untrusted_by_rate": {str(r): sum(1 for v in by_rate[r].get("honest", [])
+                                                                      if v is not None) for r in rates},
+                   "honest_abnormal_at_wilson_upper": {
+                       "abnormal_share": round(sum(1 for r in pessimistic if r["credibility"] < tau)
+                                               / max(1, len(pessimistic)), 4),
+                       "runs_ever_untrusted_by_rate": {str(r): sum(1 for v in d["honest"] if v is not None)
+                                                       for r, d in pess_by_rate.items()}}},
+        "goal_met_without_audits": _goal(cheaters, dists),
+        "goal_met": _goal(with_audits, audited),
+        "selective_text_model": selective,
         "figure": str(FIGURE.relative_to(ROOT)), "resampled_from_recorded_scores": True,
     }
+
+
+def _honest_at_rate(rows: list[dict], share: float) -> list[dict]:
+    """The honest replies padded with replies scored 0 until a `share` of them is abnormal: the
+    honest node at the upper end of its measured false-positive interval (none of the recorded
+    honest replies is abnormal, so the recorded pool alone cannot show what the second-lowest
+    rule does to an unlucky honest node)."""
+    if not rows:
+        return []
+    zeros = 0
+    while zeros / (len(rows) + zeros) < share:
+        zeros += 1
+    return rows + [{**rows[i % len(rows)], "credibility": 0.0} for i in range(zeros)]
+
+
+def _goal(cheaters: dict[str, dict], dists: dict[str, list[int | None]]) -> bool:
+    """Every cheater untrusted within 5 epochs in every run, no honest run ever untrusted."""
+    return all(d["within_5"] == 1.0 for d in cheaters.values()) and not any(v is not None
+                                                                          for v in dists.get("honest", []))
 
 
 def _selective_accuracy() -> dict | None:
@@ -380,6 +550,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--epochs", type=int, default=EPOCHS_RUN)
     p.add_argument("--runs", type=int, default=1000, help="simulated 35-epoch runs per node")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--asks-per-epoch", type=int, default=ASKS_PER_EPOCH,
+                   help="real asks one node answers per epoch (audits: Binomial(asks, rate))")
+    p.add_argument("--audit-rates", default=",".join(f"{r:g}" for r in AUDIT_RATES),
+                   help="audit rates swept (0: challenges only; the committee's own rate is always added)")
     args = p.parse_args(argv)
     if args.quick:
         args.honest, args.per_cheater, args.runs = 12, 4, 50
@@ -389,7 +563,8 @@ def main(argv: list[str] | None = None) -> dict:
     qfile = CACHE / "questions.json"
     n_questions = len(json.loads(qfile.read_text())) if qfile.exists() else 1
     specs = request_specs(n_questions, max(args.honest, args.per_cheater), 18)
-    return analyse(specs, kinds, args.epochs, args.runs, args.seed)
+    rates = tuple(float(r) for r in args.audit_rates.split(",") if r)
+    return analyse(specs, kinds, args.epochs, args.runs, args.seed, rates, args.asks_per_epoch)
 
 
 if __name__ == "__main__":

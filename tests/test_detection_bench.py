@@ -1,0 +1,49 @@
+"""The detection bench's resampling folds audits of real replies into each epoch (light: a
+synthetic pool of replies, no vLLM, no cache)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("detection_bench", Path(__file__).resolve().parents[1]
+                                               / "bench" / "detection.py")
+detection = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = detection  # bench/ is scripts, not a package
+_spec.loader.exec_module(detection)
+
+EPOCHS, RUNS = 12, 40
+
+
+def _rows(label: str, credibility: float, n: int = 16) -> list[dict]:
+    """n recorded replies of one node, each to its own prompt with its own output."""
+    return [{"i": i, "temperature": 0.7, "tokens": 64, "credibility": credibility,
+             "prompt_hash": f"{i:016x}", "output_hash": f"{hash((label, i)) & (2**64 - 1):016x}"} for i in range(n)]
+
+
+def _synthetic() -> dict[str, list[dict]]:
+    """Honest replies score 1, the cheap (`random`) ones 0, and the selective cheater answers
+    every challenge honestly (it recognised them all)."""
+    return {"honest": _rows("honest", 1.0), "random": _rows("random", 0.0), "selective": _rows("selective", 1.0)}
+
+
+def _mean_epochs(values: list[int | None]) -> float:
+    return sum(EPOCHS + 1 if v is None else v for v in values) / len(values)
+
+
+def test_audits_of_real_replies_catch_the_selective_cheater_that_challenges_miss():
+    by_rate = detection.resample(_synthetic(), EPOCHS, RUNS, seed=3, rates=(0.0, 0.05), asks_per_epoch=200,
+                                 flagged=0.1)
+    without, audited = by_rate[0.0]["selective"], by_rate[0.05]["selective"]
+    assert all(v is None for v in without)  # challenges alone never catch it
+    assert all(v is not None for v in audited)
+    assert _mean_epochs(audited) < _mean_epochs(without)
+    assert all(v is None for rate in by_rate for v in by_rate[rate]["honest"])
+
+
+def test_the_selective_cheaters_real_traffic_is_cheap_unless_flagged():
+    traffic = detection.real_traffic(_synthetic(), flagged=1.0)["selective"]
+    assert traffic.cheap == (0.0,) * 16 and traffic.honest == (1.0,) * 16
+    assert {traffic.draw(random.Random(s)) for s in range(20)} == {1.0}  # it flags every ask: always honest
