@@ -43,11 +43,11 @@ def challenge_questions(n: int, seed: bytes, label: str = "bench") -> list[str]:
     """`n` distinct challenge texts drawn exactly as a leader draws them (the public traffic model
     over the public corpus: gentorrent.traffic.challenge), with a seed of the cheater's own."""
     from gentorrent.traffic.challenge import draw_challenge
-    from gentorrent.traffic.corpus import load_corpus
-    from gentorrent.traffic.model import TrafficError, TrafficPool
+    from gentorrent.traffic.model import TrafficError
     from verifier.epochs.challenges import prompt_key
+    from verifier.epochs.runner import challenge_pool
 
-    pool = TrafficPool.build(load_corpus().challenge)
+    pool = challenge_pool()  # the one cached index of the public challenge pool
     out, keys, attempt = [], set(), 0
     while len(out) < n and attempt < 20 * n:
         attempt += 1
