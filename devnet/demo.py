@@ -285,9 +285,8 @@ def run(root: Path, users: int, questions: tuple[str, ...], parallel: int) -> in
         rows = reputation_table(state)
         print_table(rows)
         wronged = [r["name"] for r in rows if not r["dishonest"] and r["trusted"] is False]
-        if wronged:  # a known weakness (THREAT_MODEL.md: forwarded challenges), shown, not hidden
-            say(f"  HONEST NODE UNTRUSTED: {', '.join(wronged)} (see step 3: a challenge its group forwarded "
-                "counts as no reply)")
+        if wronged:  # must not happen: shown, not hidden, and the demo fails
+            say(f"  HONEST NODE UNTRUSTED: {', '.join(wronged)} (see step 3's epoch notes)")
         t_verify = time.monotonic() - t2
         ok = True
     finally:
@@ -302,7 +301,7 @@ def run(root: Path, users: int, questions: tuple[str, ...], parallel: int) -> in
         f"verification {t_verify:.0f}s ({'cheater caught' if caught else 'cheater NOT caught: see step 3'}"
         f"{'; HONEST NODE UNTRUSTED' if wronged else ''}; "
         f"{'a request forwarded' if forwarded else 'NO request forwarded: see step 2b'})")
-    return 0 if ok and not left and forwarded and (caught or not epochs) else 1
+    return 0 if ok and not left and not wronged and forwarded and (caught or not epochs) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

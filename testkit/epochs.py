@@ -71,10 +71,13 @@ class ScriptedReference:
 class ScriptedModels:
     """Model nodes behind the prober: 'honest', 'cheat' (wrong tokens), 'down' (no reply) or
     'replay' (the same long, honestly scored reply to every prompt).
-    A node's behaviour may be changed while epochs run (`set`)."""
+    A node's behaviour may be changed while epochs run (`set`); a node may forward every
+    request to another node (`forward`), which then serves and signs it, as the HR-tree does
+    when a group member holds the prompt's prefix."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, tuple[Identity, str]] = {}
+        self.forwards: dict[str, Identity] = {}
         self.asked: list[str] = []
         self.asked_at: list[float] = []
 
@@ -88,10 +91,17 @@ class ScriptedModels:
             raise ValueError(f"behaviour is one of {BEHAVIOURS}")
         self.nodes[ident.node_id_hex] = (ident, behaviour)
 
+    def forward(self, ident: Identity, to: Identity) -> None:
+        """`ident` hands every request to `to` (registered or not; unknown nodes serve honestly)."""
+        self.forwards[ident.node_id_hex] = to
+
     async def ask(self, request: pb.GenerateRequest, node_id_hex: str) -> ProbeAnswer:
         self.asked.append(node_id_hex)
         self.asked_at.append(time.monotonic())
         ident, behaviour = self.nodes[node_id_hex]
+        if node_id_hex in self.forwards:
+            to = self.forwards[node_id_hex]
+            ident, behaviour = self.nodes.get(to.node_id_hex, (to, "honest"))
         if behaviour == "down":
             raise ProbeFailed("no reply within 1 s")
         tokens = {"honest": HONEST_TOKENS, "replay": REPLAYED_TOKENS}.get(behaviour, CHEAT_TOKENS)

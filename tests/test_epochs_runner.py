@@ -17,6 +17,7 @@ import pytest
 
 from consensus_netkit import free_base_port
 from gentorrent.config import EPOCH_RUN, REPUTATION
+from gentorrent.crypto.keys import Identity
 from testkit.epochs import SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier import cli
@@ -63,6 +64,40 @@ async def test_a_node_that_replays_one_reply_becomes_untrusted(tmp_path):
         scores = [s.score_micros for h in sec.history if h.phase == rules.DONE for s in h.result]
         assert scores[0] > 900_000 and scores[1:] and all(v == 0 for v in scores[1:]), scores
         assert not committee.model(replayer).trusted
+    finally:
+        await committee.stop()
+
+
+async def test_a_node_that_forwards_its_challenge_is_neither_scored_nor_punished(tmp_path):
+    """The HR-tree forwards a request to the group member that holds its prefix, and that member
+    signs the reply in its own name. The prober used to refuse such a reply ("not signed by the
+    probed node"), every member's own probe failed the same way, and the honest forwarder was
+    punished as missing (seen in `make demo`). Now the members attest "forwarded": no score either
+    way, so a node is not blamed for the cheater it forwarded to (that one is caught by its own
+    challenge), and a node that passes its challenges to an honest peer gains nothing. A reply
+    signed by a node outside the model group is still no reply at all."""
+    models = ScriptedModels()
+    cheat = models.add("cheat")
+    forwarder = models.add("honest")
+    models.forward(forwarder, cheat)
+    outsider = models.add("honest")
+    models.forward(outsider, Identity.generate())  # signed by a key the registry does not know
+    committee = EpochCommittee(tmp_path)
+    await committee.start(models)
+    try:
+        for port, ident in enumerate((cheat, forwarder, outsider), 9001):
+            await committee.register(ident, port)
+        sec = await committee.wait_epochs(4)
+        done = [h for h in sec.history if h.phase == rules.DONE]
+        assert len(done) >= 3, [(h.phase, h.reason) for h in sec.history]
+        scored = {s.node_id for h in done for s in h.result}
+        assert cheat.node_id in scored and forwarder.node_id not in scored
+        assert committee.model(forwarder).trusted and committee.model(forwarder).reputation == 1.0
+        assert not committee.model(cheat).trusted
+        assert not committee.model(outsider).trusted  # reported missing, confirmed by the members' own probes
+        notes = [line for r in committee.runners for line in r.log]
+        assert any("forwarded its challenge" in line for line in notes), notes[-12:]
+        assert all(not h.faulty_leader for h in sec.history)
     finally:
         await committee.stop()
 

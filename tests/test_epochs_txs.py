@@ -20,7 +20,7 @@ from verifier.epochs import vrf
 from verifier.epochs.challenges import commit_request, epoch_probe_seed, select_probe_set
 from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
-from verifier.epochs.reply_commitments import private_reply_problem, public_reply, reply_digest
+from verifier.epochs.reply_commitments import is_forwarded, private_reply_problem, public_reply, reply_digest
 from verifier.epochs.runner import FORGED_TOKENS, forged_receipt
 
 MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
@@ -59,6 +59,11 @@ class Chain:
 
     def model(self, ident: Identity):
         return decode_model(self.app.query(f"/model/{ident.node_id_hex}").value)
+
+    def lookup(self, node_id: bytes):
+        """reply_commitments.NodeLookup over the committed registry."""
+        res = self.app.query(f"/model/{node_id.hex()}")
+        return decode_model(res.value) if res.code == 0 and res.value else None
 
     def close(self):
         self.app.close()
@@ -125,9 +130,10 @@ def private_verdicts(chain: Chain, score: int = 900_000) -> dict[bytes, tuple[in
     out = {}
     for r in chain.section.current.replies:
         if not r.missing:
-            problem = private_reply_problem(r, chain.private[r.node_id], chain.model(
-                next(m for m in MODELS if m.node_id == r.node_id)))
-            out[r.node_id] = (score, 0) if problem is None else (0, epoch_txs.VERDICT_LEADER_FAULTY)
+            full = chain.private[r.node_id]
+            problem = private_reply_problem(r, full, chain.lookup)
+            out[r.node_id] = ((0, epoch_txs.VERDICT_LEADER_FAULTY) if problem is not None else
+                              (0, epoch_txs.VERDICT_FORWARDED) if is_forwarded(full) else (score, 0))
     return out
 
 
@@ -320,11 +326,10 @@ def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
     assert receipt.prompt_hash == receipts.request_prompt_hash(challenge_request(ChatRequest.question(prompts[MODELS[0].node_id][1]), MODEL))
     assert receipt.output_hash == receipts.output_hash(list(FORGED_TOKENS))
     public = {r.node_id: r for r in chain.section.current.replies}
-    node0 = chain.model(MODELS[0])
-    assert private_reply_problem(public[MODELS[0].node_id], chain.private[MODELS[0].node_id], node0) == \
+    assert private_reply_problem(public[MODELS[0].node_id], chain.private[MODELS[0].node_id], chain.lookup) == \
         "receipt signature does not verify"
     assert "public commitment" in private_reply_problem(public[MODELS[1].node_id], chain.private[MODELS[1].node_id],
-                                                        chain.model(MODELS[1]))
+                                                        chain.lookup)
     assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
     sec = chain.section
     summary = sec.history[-1]
@@ -347,6 +352,61 @@ def test_one_byzantine_member_cannot_frame_the_leader(chain):
     assert attest(chain, MEMBERS[1:3], epoch, honest) == [0, 0]
     summary = chain.section.history[-1]
     assert summary.phase == rules.DONE and not summary.faulty_leader
+
+
+def forwarded_reply(probed: Identity, server: Identity, prompt: str) -> pb.ProbeReply:
+    """The probed node forwarded its challenge; `server` answered and signed in its own name."""
+    reply = signed_reply(server, prompt, [1, 2, 3])
+    reply.node_id = probed.node_id
+    return reply
+
+
+def test_a_forwarded_challenge_is_not_scored_and_f_members_cannot_frame_its_node(chain):
+    """MODELS[0] forwarded its challenge to MODELS[1], a member of its model group: the reply is
+    genuine (the leader is not faulty) but is no sample of MODELS[0]. Every honest member says
+    "forwarded"; one Byzantine member scoring it 0 cannot punish MODELS[0]."""
+    register_keys(chain)
+
+    def forward_first(prompts):
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        items[0] = forwarded_reply(MODELS[0], MODELS[1], prompts[MODELS[0].node_id][1])
+        return items
+
+    leader, epoch, _ = run_to_replies(chain, forward_first)
+    honest = private_verdicts(chain)
+    assert honest[MODELS[0].node_id] == (0, epoch_txs.VERDICT_FORWARDED)
+    assert honest[MODELS[1].node_id] == (900_000, 0)
+    framing = {**honest, MODELS[0].node_id: (0, epoch_txs.VERDICT_SCORED)}
+    assert attest(chain, MEMBERS[:1], epoch, framing) == [0]
+    assert attest(chain, MEMBERS[1:3], epoch, honest) == [0, 0]
+    summary = chain.section.history[-1]
+    assert summary.phase == rules.DONE and not summary.faulty_leader
+    assert {s.node_id for s in summary.result} == {MODELS[1].node_id, MODELS[2].node_id}
+    assert chain.model(MODELS[0]).reputation == 1.0 and chain.model(MODELS[0]).trusted
+
+
+@pytest.mark.parametrize("signer", ["unregistered", "other model"])
+def test_a_reply_signed_outside_the_model_group_marks_the_leader_faulty(chain, signer):
+    """Only a registered node of the probed node's model may answer for it: anything else the
+    leader committed to is the leader's fault, exactly as a forged receipt is."""
+    outsider = Identity.from_seed(bytes([99]) * 32)
+    register_keys(chain)
+
+    def forward_first(prompts):
+        if signer == "other model":  # (registered after the election: not in this epoch's probe set)
+            assert chain.block([txs.register_model(outsider, "127.0.0.1:9100", "another-model", 5,
+                                                   make_self_signed(outsider).cert_pem, 1, chain_id=CHAIN)]) == [0]
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        items[0] = forwarded_reply(MODELS[0], outsider, prompts[MODELS[0].node_id][1])
+        return items
+
+    leader, epoch, _ = run_to_replies(chain, forward_first)
+    public = next(r for r in chain.section.current.replies if r.node_id == MODELS[0].node_id)
+    assert "neither the probed node nor a registered node of its model" in \
+        private_reply_problem(public, chain.private[MODELS[0].node_id], chain.lookup)
+    assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
+    summary = chain.section.history[-1]
+    assert summary.phase == rules.ABORTED and summary.faulty_leader
 
 
 def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):

@@ -27,7 +27,7 @@ from gentorrent.ledger.signed_tx import CODE_INVALID_FIELD, TxError, body, sign
 
 __all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "audit_report", "validate",
            "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "VERDICT_LEADER_FAULTY",
-           "to_micros"]
+           "VERDICT_FORWARDED", "to_micros"]
 
 SCORE_SCALE = 1_000_000
 VERDICT_SCORED = 0
@@ -35,7 +35,9 @@ VERDICT_PROMPT_MISMATCH = 1  # the signed reply answers a prompt other than the 
 VERDICT_UNSCORABLE = 2  # this member's reference model could not score it (no vote on the score)
 VERDICT_LEADER_FAULTY = 3  # the leader's private copy of the reply does not open its public digest,
 # or carries a receipt the node did not sign (verifier.epochs.reply_commitments)
-_VERDICTS = (VERDICT_SCORED, VERDICT_PROMPT_MISMATCH, VERDICT_UNSCORABLE, VERDICT_LEADER_FAULTY)
+VERDICT_FORWARDED = 4  # the node forwarded the challenge to a member of its model group, which served and
+# signed it: a genuine reply, but not a sample of the probed node's serving (no score, no punishment)
+_VERDICTS = (VERDICT_SCORED, VERDICT_PROMPT_MISMATCH, VERDICT_UNSCORABLE, VERDICT_LEADER_FAULTY, VERDICT_FORWARDED)
 DIGEST_BYTES = 32
 NODE_ID_BYTES = 32
 MAX_REASON_CHARS = 200

@@ -17,12 +17,12 @@ holds the reply can show that it is the one the leader committed to.
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
 
-__all__ = ["reply_digest", "public_reply", "private_reply_problem", "DIGEST_LEN"]
+__all__ = ["reply_digest", "public_reply", "private_reply_problem", "reply_signer", "is_forwarded", "DIGEST_LEN"]
 
 _DOMAIN = b"gentorrent/epoch-reply-digest/v1"
 DIGEST_LEN = 32
@@ -33,6 +33,9 @@ class RegisteredNode(Protocol):
 
     public_key: bytes
     model: str
+
+
+NodeLookup = Callable[[bytes], Optional[RegisteredNode]]  # registered model node by node id, or None
 
 
 def reply_digest(node_id: bytes, receipt: pb.ReplyReceipt, token_ids: Sequence[int]) -> bytes:
@@ -52,15 +55,37 @@ def public_reply(full: pb.ProbeReply) -> pb.ProbeReply:
     return pb.ProbeReply(node_id=full.node_id, digest=reply_digest(full.node_id, full.receipt, list(full.token_ids)))
 
 
-def private_reply_problem(public: pb.ProbeReply, private: pb.ProbeReply, node: RegisteredNode) -> str | None:
-    """Why the leader's private copy of a reply is not the committed reply its node signed, or None."""
+def reply_signer(receipt: pb.ReplyReceipt, probed_id: bytes, nodes: NodeLookup) -> RegisteredNode | None:
+    """Whose key must verify the reply to a challenge sent to `probed_id`: the probed node's own,
+    or, when the receipt names another node, that node's — if it is registered for the same
+    model (the group the probed node may forward to). None: no node we may accept signed it."""
+    probed = nodes(probed_id)
+    if probed is None:
+        return None
+    if receipt.node_id == probed_id:
+        return probed
+    signer = nodes(receipt.node_id)
+    return signer if signer is not None and signer.model == probed.model else None
+
+
+def is_forwarded(reply: pb.ProbeReply) -> bool:
+    """The probed node forwarded the challenge: another node served and signed the reply."""
+    return reply.HasField("receipt") and reply.receipt.node_id != reply.node_id
+
+
+def private_reply_problem(public: pb.ProbeReply, private: pb.ProbeReply, nodes: NodeLookup) -> str | None:
+    """Why the leader's private copy of a reply is not the committed reply that the probed node
+    (or the group member it forwarded to) signed, or None."""
     tokens = list(private.token_ids)
     if private.node_id != public.node_id or reply_digest(public.node_id, private.receipt, tokens) != public.digest:
         return "the private reply does not match the leader's public commitment"
+    signer = reply_signer(private.receipt, public.node_id, nodes)
+    if signer is None:
+        return "the reply is signed by neither the probed node nor a registered node of its model"
     try:
-        receipts.verify_receipt(private.receipt, node.public_key, None, tokens)
+        receipts.verify_receipt(private.receipt, signer.public_key, None, tokens)
     except (receipts.ReceiptError, ValueError) as exc:
         return str(exc)
-    if private.receipt.model != node.model:
-        return f"the reply names model {private.receipt.model!r}, the node registered {node.model!r}"
+    if private.receipt.model != signer.model:
+        return f"the reply names model {private.receipt.model!r}, the node registered {signer.model!r}"
     return None

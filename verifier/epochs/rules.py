@@ -49,7 +49,8 @@ from typing import Mapping, Protocol
 
 from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION, EpochRunParams
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.epoch_txs import SCORE_SCALE, VERDICT_LEADER_FAULTY, VERDICT_PROMPT_MISMATCH, VERDICT_SCORED
+from gentorrent.ledger.epoch_txs import (SCORE_SCALE, VERDICT_FORWARDED, VERDICT_LEADER_FAULTY, VERDICT_PROMPT_MISMATCH,
+                                         VERDICT_SCORED)
 from gentorrent.ledger.txs import CODE_INVALID_FIELD, CODE_UNAUTHORIZED, Tx, TxError
 from verifier.epochs import reputation as rep
 from verifier.epochs import vrf
@@ -259,7 +260,11 @@ def _attestation(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.Ep
 
 
 def _agree(view: StateView, sec: pb.EpochsSection) -> None:
-    """The quorum's agreed scores: medians, disagreement marks, prompt-alteration check."""
+    """The quorum's agreed scores: medians, disagreement marks, prompt-alteration check.
+
+    A reply more than N/3 of the members call forwarded (served and signed by another node of
+    the group: reply_commitments) gets no score: the check is deterministic, so every honest
+    member says so, and f Byzantine members scoring it anyway cannot frame the probed node."""
     cur = sec.current
     n = len(view.validators)
     tolerance = int(round(EPOCHS.score_tolerance * SCORE_SCALE))
@@ -270,6 +275,8 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
             unsigned.append(reply.node_id.hex()[:16])
         elif 3 * sum(1 for v in votes if v.verdict in (VERDICT_PROMPT_MISMATCH, VERDICT_LEADER_FAULTY)) > n:
             mismatched.append(reply.node_id.hex()[:16])
+        if 3 * sum(1 for v in votes if v.verdict == VERDICT_FORWARDED) > n:
+            continue
         scored = sorted(v.score_micros for v in votes if v.verdict == VERDICT_SCORED)
         if scored:
             median = scored[(len(scored) - 1) // 2]

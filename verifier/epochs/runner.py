@@ -15,7 +15,8 @@ of each phase, once, by submitting signed epoch transactions to its own node:
     attesting      first, when this member runs an audit desk, post the audit score per node
                    of the users' audits it scored since its last report (epoch_audit_report);
                    then check the leader's private copy of every reply against its public digest
-                   and the node's key, re-score it with this member's reference model (with the
+                   and the signer's key (the node, or the group member it forwarded the
+                   challenge to: such a reply is attested "forwarded", unscored), re-score it with this member's reference model (with the
                    request's own sampling parameters) after checking that the signed receipt
                    covers the committed request (epoch_attestation)
     attesting /    (not the leader) probe each node the leader reported missing with a prompt of
@@ -54,7 +55,7 @@ from verifier.epochs import vrf
 from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, draw_challenge, prompt_key,
                                         select_probe_set, verify_reveal)
 from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
-from verifier.epochs.reply_commitments import private_reply_problem, public_reply
+from verifier.epochs.reply_commitments import is_forwarded, private_reply_problem, public_reply, reply_signer
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.repeats import CommitteeMemory
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
@@ -296,6 +297,11 @@ class EpochRunner:
             return {}
         return {m.node_id.hex(): m for m in decode_directory(value).models}
 
+    def _lookup(self) -> Callable[[bytes], pb.ModelEntry | None]:
+        """Registered model nodes by node id (reply_commitments.NodeLookup), as committed now."""
+        models = self._models()
+        return lambda node_id: models.get(node_id.hex())
+
     async def _questions(self, seed: bytes, node_ids: list[str],
                          taken: set[str] | None = None) -> dict[str, ChatRequest]:
         """One challenge per node, no two with the same text (a collision is redrawn)."""
@@ -410,8 +416,13 @@ class EpochRunner:
             raise ProbeFailed("no reply in time") from None
         if len(answer.token_ids) > self.params.max_reply_tokens:
             raise ProbeFailed("reply longer than a challenge allows")
-        if answer.receipt.model != request.model or answer.receipt.node_id.hex() != node_id:
-            raise ProbeFailed(f"reply signed for model {answer.receipt.model!r} by another node")
+        signer = reply_signer(answer.receipt, bytes.fromhex(node_id), self._lookup())
+        if answer.receipt.model != request.model or signer is None:
+            raise ProbeFailed(f"reply signed for model {answer.receipt.model!r} by a node outside the group")
+        try:
+            receipts.verify_receipt(answer.receipt, signer.public_key, None, answer.token_ids)
+        except receipts.ReceiptError as exc:
+            raise ProbeFailed(str(exc)) from None
         return answer
 
     # ------------------------------------------------------------------ attesting
@@ -445,7 +456,7 @@ class EpochRunner:
             if reveal is None or entry is None or full is None:
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
-            problem = private_reply_problem(r, full, entry)
+            problem = private_reply_problem(r, full, lambda node_id: models.get(node_id.hex()))
             if problem is not None:
                 self._note(f"epoch {epoch}: the leader's reply of {node[:12]}: {problem}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_LEADER_FAULTY))
@@ -454,6 +465,11 @@ class EpochRunner:
             if not verify_reveal(commitments.get(node, b""), reveal.nonce, reveal.request) or \
                     not receipt_matches_request(full.receipt, request):
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
+                continue
+            if is_forwarded(full):
+                self._note(f"epoch {epoch}: {node[:12]} forwarded its challenge to "
+                           f"{full.receipt.node_id.hex()[:12]}: not scored")
+                scores.append((r.node_id, 0, epoch_txs.VERDICT_FORWARDED))
                 continue
             sampling = SamplingSpec(reveal.request.temperature, reveal.request.top_p)
             try:
@@ -496,10 +512,9 @@ class EpochRunner:
             question = (await self._questions(secrets.token_bytes(32), [node])).get(node)
             if question is not None:
                 try:
-                    answer = await self._ask(challenge_request(question, entry.model), node)
-                    receipts.verify_receipt(answer.receipt, entry.public_key, None, answer.token_ids)
+                    await self._ask(challenge_request(question, entry.model), node)  # checks the signer
                     ok = True
-                except (ProbeFailed, receipts.ReceiptError) as exc:
+                except ProbeFailed as exc:
                     self._note(f"epoch {epoch}: own probe of {node[:12]} failed: {exc}")
         ident = self.host.identity
         return await self._submit(lambda s, c: epoch_txs.probe_report(ident, epoch, node_id, ok, s, chain_id=c),
