@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from gentorrent.cli import Parser, UsageError, committee_size_note, int_in, run
+from gentorrent.cli import Parser, UsageError, committee_size_note, float_in, int_in, run
 from gentorrent.config import CLOVES, DEVNET, MODEL_NODE, DevnetParams
 from devnet.supervisor import STATE_FILE as PROCESSES_FILE
 from devnet.supervisor import (Supervisor, free_port_block, python_module, recorded, running, stop_recorded,
@@ -202,8 +202,13 @@ def _init_committee(root: Path, count: int) -> Path:
     return root / "committee" / "v0" / "genesis.json"
 
 
+def _audit_rate_args(rate: float | None) -> list[str]:
+    """The committee's audit rate, for its members and for the users (one rate for all)."""
+    return [] if rate is None else ["--audit-rate", repr(rate)]
+
+
 def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress,
-                     dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
+                     dashboards: bool, reference: NodeInfo | None, audit_rate: float | None) -> list[NodeInfo]:
     from gentorrent.ledger.genesis import Genesis
 
     genesis = Genesis.load(root / "committee" / "v0" / "genesis.json")
@@ -217,6 +222,7 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
                      "--reference-cert", reference.extra["cert_file"],
                      "--challenge-spread-s", str(DEVNET.challenge_spread_s),
                      "--challenge-max-tokens", str(DEVNET.challenge_max_tokens)]
+            argv += _audit_rate_args(audit_rate)
         extra = {}
         if dashboards:
             port = _free_ports(1)
@@ -267,11 +273,13 @@ def _engine_plan(shape: DevnetParams, reference: bool) -> list[tuple[str, str | 
     the committee starts as soon as it serves."""
     from model_node.cheaters import KINDS
 
-    if shape.dishonest_models and shape.dishonest_variant not in KINDS:
-        raise DevnetError(f"unknown dishonest kind {shape.dishonest_variant!r}; one of {', '.join(KINDS)}")
+    kinds = [k.strip() for k in shape.dishonest_variant.split(",")]
+    unknown = [k for k in kinds if k not in KINDS]
+    if shape.dishonest_models and unknown:
+        raise DevnetError(f"unknown dishonest kind {unknown[0]!r}; one of {', '.join(KINDS)}")
     plan: list[tuple[str, str | None]] = [(REFERENCE, None)] if reference else []
     plan += [(f"honest{i}", None) for i in range(shape.honest_models)]
-    plan += [(f"dishonest{i}", shape.dishonest_variant) for i in range(shape.dishonest_models)]
+    plan += [(f"dishonest{i}", kinds[i % len(kinds)]) for i in range(shape.dishonest_models)]
     return plan
 
 
@@ -286,7 +294,7 @@ def _start_network(sup: Supervisor, root: Path, genesis: Path, shape: DevnetPara
 
     def committee(reference: NodeInfo | None) -> None:
         verifiers.extend(_start_committee(sup, root, shape.verifiers, progress, dashboards,
-                                          reference if epochs else None))
+                                          reference if epochs else None, shape.audit_rate))
 
     if not plan or plan[0][0] != REFERENCE:
         committee(reference_at)  # nothing to wait for: the model nodes register as soon as they serve
@@ -315,7 +323,10 @@ def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progr
                 else f"dishonest: {cheat}" if cheat else "honest")
         progress(f"model nodes: starting {name} ({what} {MODEL_NODE.default_model}; a vLLM engine on CPU "
                  f"takes a while{'' if name == REFERENCE else ', then it registers itself'})")
-        sup.spawn(f"model-{name}", argv, env={"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)})
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)}
+        if cheat == "selective":  # the cheater knows what the devnet publishes: its challenges' reply cap
+            env["GT_SELECTIVE_CHALLENGE_MAX_TOKENS"] = str(DEVNET.challenge_max_tokens)
+        sup.spawn(f"model-{name}", argv, env=env)
 
 
 def _wait_engines(sup: Supervisor, root: Path, plan: list, shape: DevnetParams,
@@ -352,14 +363,15 @@ def verifiers_run_epochs() -> bool:
 # --------------------------------------------------------------------------- user nodes
 
 
-def _start_users(sup: Supervisor, root: Path, genesis: Path, count: int, progress: Progress) -> list[NodeInfo]:
+def _start_users(sup: Supervisor, root: Path, genesis: Path, count: int, progress: Progress,
+                 audit_rate: float | None = None) -> list[NodeInfo]:
     nodes = []
     for i in range(count):
         name = f"u{i:02d}"
         home = root / "users" / name
         home.mkdir(parents=True, exist_ok=True)
         argv = python_module("user_client.cli", "start", "--home", str(home), "--committee", str(genesis),
-                             "--listen", f"{HOST}:0", "--api-listen", f"{HOST}:0")
+                             "--listen", f"{HOST}:0", "--api-listen", f"{HOST}:0") + _audit_rate_args(audit_rate)
         sup.spawn(f"user-{name}", argv)
         nodes.append(NodeInfo(name, "user", str(home)))
     progress(f"user nodes: {count} started, each registering itself with the committee")
@@ -424,6 +436,7 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
     (the tests pass their session's model node: one vLLM engine less)."""
     root = Path(root).resolve()
     progress = _throttled(progress)
+    _engine_plan(shape, reference=False)  # an unknown cheater kind stops here, before anything starts
     alive = running(root)
     if alive:
         raise DevnetError(f"a devnet is already running under {root} ({len(alive)} processes); "
@@ -440,7 +453,7 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
             NodeInfo(REFERENCE, REFERENCE, "", reference_at[0], extra={"cert_file": reference_at[1]})
         verifiers, engines = _start_network(sup, root, genesis, shape, progress, dashboards, shared, epochs)
         models = [n for n in engines if n.role == "model"]
-        users = _start_users(sup, root, genesis, shape.users, progress)
+        users = _start_users(sup, root, genesis, shape.users, progress, shape.audit_rate)
         state = DevnetState(str(root), CHAIN_ID, str(genesis), verifiers + engines + users, time.time(),
                             epochs=epochs)
         state.save()
@@ -647,7 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--users", type=int_in(CLOVES.n, 256), default=DEVNET.users,
                    help=f"user nodes (at least n = {CLOVES.n}: each ask needs that many relays)")
     u.add_argument("--dishonest-kind", default=DEVNET.dishonest_variant,
-                   help="how the dishonest nodes cheat (gt-model serve --dishonest KIND)")
+                   help="how the dishonest nodes cheat (gt-model serve --dishonest KIND; several, comma-separated, "
+                        "are given out in turn)")
+    u.add_argument("--audit-rate", type=float_in(0, 1), default=DEVNET.audit_rate, metavar="R",
+                   help="share of users' asks audited, for the committee and the users (default: the project's)")
     u.add_argument("--parallel-models", type=int_in(1, 16), default=DEVNET.parallel_model_starts,
                    help="vLLM engines starting at once (1: one after another)")
     u.add_argument("--no-dashboard", action="store_true", help="do not serve the verifiers' status pages")
@@ -679,6 +695,7 @@ def _main(args: argparse.Namespace) -> int:
             shape = replace(DEVNET, verifiers=args.verifiers, honest_models=args.honest,
                             dishonest_models=args.dishonest, users=args.users,
                             parallel_model_starts=args.parallel_models, dishonest_variant=args.dishonest_kind,
+                            audit_rate=args.audit_rate,
                             epochs=not args.no_epochs)
             state = up(args.root, shape, dashboards=not args.no_dashboard)
             for v in state.of_role("verifier"):

@@ -548,7 +548,9 @@ class DevnetParams:
     honest_models: int = 2
     dishonest_models: int = 1
     users: int = 12
-    dishonest_variant: str = "pruned"  # a `gt-model serve --dishonest` kind (model_node.cheaters)
+    dishonest_variant: str = "pruned"  # `gt-model serve --dishonest` kind(s) (model_node.cheaters),
+    # comma-separated to give the dishonest nodes different kinds in turn
+    audit_rate: float | None = None  # the committee's and users' audit rate (None: AuditParams.rate)
     parallel_model_starts: int = 4  # vLLM engines starting at once (see deploy/devnet/README.md)
     epochs: bool = True  # verifiers run verification epochs, scoring with one shared reference engine
     # the demo waits for epochs to close: spread its challenges over seconds, not EPOCH_RUN's minutes

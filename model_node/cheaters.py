@@ -24,11 +24,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import AsyncIterator
 
 from gentorrent import receipts
+from gentorrent.config import EPOCH_RUN
 from model_node.selective import ChallengeDetector, PublicChallengeShape, TextModel
 from model_node.service import LocalGenerator, PreparedJob
 from gentorrent.wire import gentorrent_pb2 as pb
@@ -80,12 +81,16 @@ def selective_detector() -> ChallengeDetector:
     """The selective cheater's detector, from what a cheater can build out of public data.
 
     GT_SELECTIVE_TEXT_MODEL: its trained text model (none: the text tells it nothing);
+    GT_SELECTIVE_CHALLENGE_MAX_TOKENS: the reply cap a committee publishes for its challenges
+    (gt-verifier start --challenge-max-tokens; the devnet's), which gives them away;
     GT_SELECTIVE_SHAPE=none: challenges are drawn from the same shapes as user asks (a public
     traffic model), so the shape tells it nothing (the detection bench's challenges are).
     """
     text_path = os.environ.get("GT_SELECTIVE_TEXT_MODEL")
     text = TextModel.load(Path(text_path)) if text_path else TextModel()
-    shape = NoShape() if os.environ.get("GT_SELECTIVE_SHAPE") == "none" else PublicChallengeShape()
+    cap = os.environ.get("GT_SELECTIVE_CHALLENGE_MAX_TOKENS")  # the committee's published reply cap
+    params = EPOCH_RUN if not cap else replace(EPOCH_RUN, challenge_max_tokens=int(cap))
+    shape = NoShape() if os.environ.get("GT_SELECTIVE_SHAPE") == "none" else PublicChallengeShape(params)
     return ChallengeDetector(shape=shape, text=text)
 
 

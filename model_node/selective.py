@@ -64,8 +64,13 @@ class PublicChallengeShape:
     def log_odds(self, request: pb.GenerateRequest) -> float:
         if self.params.challenge_temperature is None:
             # challenges take shape, sampling, streaming and length from the public traffic model
-            # (gentorrent.traffic), as the project's own clients do: the shape says nothing
-            return 0.0
+            # (gentorrent.traffic), as the project's own clients do: the shape says nothing —
+            # unless the committee publishes a cap on their replies (gt-verifier start
+            # --challenge-max-tokens, as the devnet does), which no client profile sends
+            cap = self.params.challenge_max_tokens
+            if cap is None:
+                return 0.0
+            return self.match_log_odds if request.sampling.max_tokens == cap else self.mismatch_log_odds
         s = request.sampling
         same = (len(request.messages) == 1 and request.messages[0].role == "user" and not request.prompt
                 and not request.session_id and not request.stream and not s.has_seed and not s.stop

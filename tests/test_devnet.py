@@ -1,13 +1,20 @@
 """The devnet flow of `make demo` (up, ask, verification, status page, down), and config typos.
 
-The devnet test starts real processes: 4 `gt-verifier`, 2 honest and 1 dishonest `gt-model
+The devnet test starts real processes: 4 `gt-verifier`, 2 honest and 2 dishonest `gt-model
 serve` (real vLLM engines on CPU: their start-up dominates the run time) and the minimum of
 user nodes (n = 4 paths need that many relays), every model and user node registering itself
 with the committee (nothing shared but the genesis); it asks, has the model group forward one
 request between the two honest nodes (the model nodes claim the same model, so they form one
-group; the dishonest one may leave it as soon as an epoch untrusts it, which is right, so it
-is not used for the forward), watches the cheater become untrusted, then checks that `down`
-leaves nothing running. The demo runs 12 users; the test runs fewer to stay small.
+group; a dishonest one may leave it as soon as an epoch untrusts it, which is right, so it
+is not used for the forward), watches the cheaters become untrusted, then checks that `down`
+leaves nothing running. The demo runs 12 users and a pruned cheater (which
+tests/test_epochs_live.py also catches); the test runs fewer users, and the two cheaters
+challenges alone do not catch: a replayer (the same reply to every prompt: it scores as honest
+text) and a selective cheater that answers honestly whatever it takes for a challenge — here
+every challenge, since the devnet publishes its challenges' reply cap
+(`--challenge-max-tokens`) — and garbage to everything else. The committee and the users run
+audits at rate 1 (`--audit-rate 1`), and users keep asking while the epochs run: the selective
+cheater falls to the audits of its real replies.
 """
 
 from __future__ import annotations
@@ -31,6 +38,45 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+class _UsersAsking:
+    """Users ask, one question every few seconds, while the epochs run: each user node audits
+    its asks (rate 1 in this devnet), so a node that serves real asks badly is scored on them.
+    Half the asks go through the users' own choice of node, half are sent to a dishonest node
+    (the group may still forward them: who served is what counts)."""
+
+    def __init__(self, root: Path, models: list, interval_s: float = 6.0) -> None:
+        import threading
+
+        self.root, self.cheaters, self.interval_s = root, [m for m in models if m.extra["dishonest"]], interval_s
+        self.served_by: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "_UsersAsking":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.wait(self.interval_s):
+            question = f"Question {i}: name {['a colour', 'a fruit', 'a city', 'an animal'][i % 4]} and say why."
+            try:
+                if i % 2:
+                    answer = devnet.ask_node(question, self.cheaters[(i // 2) % len(self.cheaters)], self.root,
+                                             user=i % CLOVES.n, max_tokens=16, timeout=120)
+                else:
+                    answer = devnet.ask(question, self.root, user=i % CLOVES.n, max_tokens=16, timeout=120)
+                self.served_by[answer["served_by"]] = self.served_by.get(answer["served_by"], 0) + 1
+            except Exception as exc:  # an untrusted node refusing, a timeout: the next ask goes on
+                self.errors.append(str(exc)[:200])
+            i += 1
 
 
 # --------------------------------------------------------------------------- config typos
@@ -71,6 +117,18 @@ def test_status_and_ask_without_a_devnet_say_so(tmp_path):
         assert "no devnet at" in out.stderr and "gt-devnet up" in out.stderr
 
 
+def test_dishonest_kinds_are_given_out_in_turn_and_an_unknown_one_is_refused(tmp_path):
+    shape = replace(DEVNET, honest_models=1, dishonest_models=3, dishonest_variant="replay, selective")
+    assert devnet._engine_plan(shape, reference=True) == [
+        (devnet.REFERENCE, None), ("honest0", None), ("dishonest0", "replay"), ("dishonest1", "selective"),
+        ("dishonest2", "replay")]
+    out = _cli("devnet.network", "--root", str(tmp_path), "up", "--dishonest-kind", "pruned,lazy")
+    assert out.returncode == 1 and "unknown dishonest kind 'lazy'" in out.stderr
+    assert not list(tmp_path.iterdir())  # refused before anything started
+    out = _cli("devnet.network", "--root", str(tmp_path), "up", "--audit-rate", "1.5")
+    assert out.returncode == 2 and "--audit-rate" in out.stderr
+
+
 def test_down_without_a_devnet_stops_nothing(tmp_path):
     out = _cli("devnet.network", "--root", str(tmp_path), "down")
     assert out.returncode == 0 and "stopped 0 processes" in out.stdout
@@ -81,7 +139,8 @@ def test_down_without_a_devnet_stops_nothing(tmp_path):
 @pytest.mark.timeout(1500)
 def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
     root = tmp_path / "devnet"
-    shape = replace(DEVNET, honest_models=2, dishonest_models=1, users=CLOVES.n + 1)
+    shape = replace(DEVNET, honest_models=2, dishonest_models=2, dishonest_variant="replay,selective",
+                    audit_rate=1.0, users=CLOVES.n + 1)
     notes: list[str] = []
     try:
         # the session's honest model node doubles as the verifiers' reference engine
@@ -90,7 +149,7 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         assert devnet.running(root), "up returned but nothing runs"
         assert len(state.of_role("verifier")) == DEVNET.verifiers
         models = state.of_role("model")
-        assert [m.extra["dishonest"] for m in models] == [False, False, True]
+        assert [m.extra["cheat"] for m in models] == ["", "", "replay", "selective"]
 
         # the anonymous ask: served by a registered model node, over n paths of l relays
         answer = devnet.ask("Name one primary colour.", root, user=0, max_tokens=16)
@@ -136,8 +195,13 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         table = demo.reputation_table(state)
         assert {r["name"] for r in table} == {m.name for m in models}
         if demo.epochs_running(state):
-            assert demo.run_verification(state, timeout_s=900), "the dishonest node was not untrusted"
+            with _UsersAsking(root, models) as asking:  # real traffic for the audits to sample
+                assert demo.run_verification(state, timeout_s=900), "a dishonest node was not untrusted"
             assert all(r["trusted"] for r in demo.reputation_table(state) if not r["dishonest"])
+            # the selective cheater answered real asks itself (garbage), and the users audited them
+            assert asking.served_by.get(models[3].node_id, 0) >= 1, asking.served_by
+            audits = [devnet.user_status(u)["audits"] for u in state.of_role("user")]
+            assert sum(a.get("handed_in", 0) for a in audits) >= 1, audits
             # and it leaves the users' routing: the next ask is served by the honest node
             assert demo.ask_after_verdict(state, root, "Say hello.")["served_by"] in {m.node_id for m in models[:2]}
         else:

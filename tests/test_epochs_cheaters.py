@@ -119,6 +119,22 @@ def test_pinned_challenge_sampling_gives_challenges_away_and_traffic_shaped_chal
     assert {default.log_odds(r) for r in (_pinned("Why?"), _user_ask("Why?"), _request("Why?"))} == {0.0}
 
 
+def test_a_published_reply_cap_gives_traffic_shaped_challenges_away(monkeypatch):
+    """A committee that caps its challenges' replies (the devnet's --challenge-max-tokens 96)
+    sends a max_tokens no client profile sends: the selective cheater that knows the cap (as a
+    devnet cheater does: GT_SELECTIVE_CHALLENGE_MAX_TOKENS) answers exactly those honestly."""
+    from dataclasses import replace
+
+    # as the runner draws it under the cap (verifier.epochs.challenges.draw_challenge)
+    challenge = challenge_request(replace(ChatRequest.question("Why do cats purr?"), max_tokens=96), "smollm2-135m")
+    assert challenge.sampling.max_tokens == 96
+    monkeypatch.setenv("GT_SELECTIVE_CHALLENGE_MAX_TOKENS", "96")
+    detector = cheaters.selective_detector()
+    assert detector.is_challenge(challenge) and not detector.is_challenge(_user_ask("Why do cats purr?"))
+    monkeypatch.delenv("GT_SELECTIVE_CHALLENGE_MAX_TOKENS")
+    assert not cheaters.selective_detector().is_challenge(challenge)  # uncapped: the shape says nothing
+
+
 def test_a_text_model_trained_on_self_generated_challenges_recognises_held_out_ones():
     """The cheater writes its own labelled challenges with the public generator and reference
     model (tests/data/generated_challenges.json: questions SmolLM2-135M wrote from the public

@@ -116,6 +116,8 @@ async def _run_node(args, api_listen: str) -> int:
     check_can_listen(args.listen, "--listen" if args.command == "start" else "--relay-listen")
     stages = Stages(PROG, STAGES)
     audits = conf["audits"] if args.audits else dataclasses.replace(conf["audits"], user_enabled=False)
+    if args.audit_rate is not None:
+        audits = dataclasses.replace(audits, rate=args.audit_rate)
     node = UserNode(home, _directory(args), listen=args.listen, region=args.region,
                     cloves=conf["cloves"], params=conf["overlay"], advertise=args.advertise, audits=audits)
     api = ApiServer(node, api_listen, conf["user_api"])
@@ -308,6 +310,9 @@ def _node_options(p: argparse.ArgumentParser) -> None:
                    help="hand a random share of this node's asks (prompt, reply, the node's receipt) to the "
                         "committee, anonymously, to check model nodes on real traffic (--no-audits: never; "
                         "config.toml [audits] user_enabled = false does the same)")
+    p.add_argument("--audit-rate", type=float_in(0, 1), default=None, metavar="R",
+                   help="the committee's audit rate, when it runs another than the default (config.toml "
+                        "[audits] rate does the same); a higher rate than the committee's only wastes work")
 
 
 def parser() -> argparse.ArgumentParser:

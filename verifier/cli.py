@@ -8,7 +8,7 @@
     gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
                       [--epochs --reference-model HOST:PORT --reference-cert FILE
                        [--probe-listen H:P [--probe-advertise H:P]] [--challenge-spread-s S]
-                       [--challenge-max-tokens N]]
+                       [--challenge-max-tokens N] [--audit-rate R]]
         run the node (embedded Tendermint consensus), or serve the application to CometBFT;
         --epochs also runs verification epochs (verifier.epochs.runner) with that reference model,
         probing through a user node of its own that registers with the committee
@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from gentorrent.cli import Parser, UsageError, committee_size_note, float_in, host_port, int_in, port, ports_fit, run
-from gentorrent.config import EPOCH_RUN
+from gentorrent.config import AUDITS, EPOCH_RUN
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.crypto.tls import TlsError, TlsIdentity, connect
 from gentorrent.wire import gentorrent_pb2 as pb
@@ -140,7 +140,8 @@ def _epoch_args(args: argparse.Namespace) -> dict | None:
     return {"address": args.reference_model, "cert": Path(args.reference_cert),
             "probe_listen": args.probe_listen, "probe_advertise": args.probe_advertise,
             "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s,  # checks the range
-                              challenge_max_tokens=args.challenge_max_tokens)}
+                              challenge_max_tokens=args.challenge_max_tokens),
+            "audits": AUDITS if args.audit_rate is None else replace(AUDITS, rate=args.audit_rate)}
 
 
 async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboard: str | None = None,
@@ -172,7 +173,7 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
 
         await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]), "committee",
                             epochs["params"], user_listen=epochs["probe_listen"],
-                            user_kwargs={"advertise": epochs["probe_advertise"]})
+                            user_kwargs={"advertise": epochs["probe_advertise"]}, audits=epochs["audits"])
         print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
     # --- status page and /metrics: read-only views of the running node
     live = None
@@ -258,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--challenge-max-tokens", type=int_in(1, EPOCH_RUN.max_reply_tokens), default=None, metavar="N",
                    help="cap the replies challenges ask for (default: as the traffic model draws them, like users' "
                         "asks; a cap makes challenges recognisable by max_tokens: only for slow test machines)")
+    s.add_argument("--audit-rate", type=float_in(0, 1), default=None, metavar="R",
+                   help=f"share of users' asks this member's audit desk accepts as audited (default {AUDITS.rate:g}; "
+                        "the whole committee and its users must use one rate)")
     s.set_defaults(func=cmd_start)
     st = sub.add_parser("status", help="ask a running verifier for its status")
     st.add_argument("--home", required=True, help="the member's home")

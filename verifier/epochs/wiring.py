@@ -16,7 +16,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from gentorrent.config import CLOVES, EPOCH_RUN, EpochRunParams
+from gentorrent.config import AUDITS, CLOVES, EPOCH_RUN, AuditParams, EpochRunParams
 from verifier.epochs.audit_service import service_for
 from verifier.epochs.reference import RemoteReference
 from verifier.epochs.runner import EpochRunner, LeaderFaults
@@ -28,7 +28,8 @@ PROBE_HOME = "epoch-user"
 
 async def attach_epochs(node, reference: RemoteReference, probe: Path | str | None,
                         params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
-                        user_listen: str = "127.0.0.1:0", user_kwargs: dict | None = None) -> EpochRunner:
+                        user_listen: str = "127.0.0.1:0", user_kwargs: dict | None = None,
+                        audits: AuditParams = AUDITS) -> EpochRunner:
     """`probe`: "committee" (the probing user node registers with this node's committee), a
     static directory file (tests), or None (no probing user node)."""
     prober = None
@@ -48,7 +49,7 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
     runner = EpochRunner(host, reference, prober, params, faults)
     if user is not None:
         runner.on_stop.append(user.stop)
-    node.audits = runner.audits = service_for(host, reference)
+    node.audits = runner.audits = service_for(host, reference, audits)
     scoring = asyncio.ensure_future(node.audits.run(params.poll_s * 10))
     runner.on_stop.append(lambda: _cancel(scoring))
     runner.on_stop.append(reference.close)
