@@ -2,7 +2,8 @@
 35 epochs, from REAL credibilities of real nodes.
 
     flock /tmp/gt-heavy.lock nice .venv/bin/python bench/detection.py [--honest 200] [--per-cheater 30]
-    .venv/bin/python bench/detection.py --no-record     # re-analyse the cache (seconds)
+    .venv/bin/python bench/detection.py --no-record     # re-analyse the cache (seconds); without
+                                                        # one, the committed per-reply credibilities
     .venv/bin/python bench/detection.py --quick         # smoke run
 
 Two stages, said out loud:
@@ -56,12 +57,13 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 SCORES = ROOT / "results" / "detection_scores.json"
+RESULT = ROOT / "results" / "detection.json"  # the JSON line of the run that recorded the cache
 CACHE = ROOT / "results" / "detection_cache"  # raw token scores (gitignored; resumable)
 FIGURE = ROOT / "results" / "detection.png"
 CHEATERS = ("replay", "pruned", "noisy", "other-model", "random", "selective")  # selective last
 EPOCHS_RUN = 35
 MODEL = "smollm2-135m"
-AUDIT_RATES = (0.0, 0.01, 0.02, 0.05)  # swept; AUDITS.rate (0.02) is the committee's setting
+AUDIT_RATES = (0.0, 0.01, 0.02, 0.05)  # swept; AUDITS.rate (the committee's setting) is always added
 # Real asks one model node answers per epoch. An epoch is EPOCH_RUN's deadlines (a few minutes);
 # a small node serving a handful of users at a few asks a minute each answers ~200 in that time.
 # It is a guess, not a measurement: the JSON line carries it, and audits scale with rate x asks.
@@ -309,7 +311,7 @@ class AuditSim:
         scores = [self.traffic.draw(rng) for _ in range(audited)]
         if not scores:
             return challenge
-        report = {b"node": audit_score(scores)}
+        report = {b"node": audit_score(scores, self.params)}
         agreed = agree_audit_scores({f"member-{m}": report for m in range(self.committee)}, self.committee)
         return fold_credibility(challenge, [agreed[b"node"]])
 
@@ -455,12 +457,17 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
 
     scored = {label: score_rows(load_replies(label, specs)) for label in ["honest", *kinds]}
     scored = {k: v for k, v in scored.items() if v}
-    SCORES.write_text(json.dumps({"note": "per-reply credibilities; raw token scores in results/detection_cache",
-                                  "nodes": scored}, indent=0))
+    from_cache = bool(scored)
+    if from_cache:
+        SCORES.write_text(json.dumps({"note": "per-reply credibilities; raw token scores in results/detection_cache",
+                                      "nodes": scored}, indent=0))
+        selective = _selective_accuracy()
+    else:  # a checkout without the (gitignored) raw cache: the credibilities the last recording scored
+        _progress(f"no recordings in {CACHE}: resampling the per-reply credibilities of {SCORES.name}")
+        scored, selective = _recorded(["honest", *kinds])
     tau, below = REPUTATION.abnormal_threshold, REPUTATION.untrusted_below
     honest = [r["credibility"] for r in scored.get("honest", [])]
     fp = sum(1 for c in honest if c < tau)
-    selective = _selective_accuracy()
     flagged = selective["cross_validated_on_its_own"]["fpr"] if selective else 0.0
     rates = tuple(sorted({0.0, AUDITS.rate, *rates}))
     by_rate = resample(scored, epochs, runs, seed, rates, asks_per_epoch, flagged)
@@ -503,14 +510,26 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
         "goal_met": _goal(with_audits, audited),
         "selective_text_model": selective,
         "figure": str(FIGURE.relative_to(ROOT)), "resampled_from_recorded_scores": True,
+        "scores_from": "recordings" if from_cache else SCORES.name,
+        "audit_fold": {"honest_abnormal_bound": AUDITS.honest_abnormal_bound, "honest_alpha": AUDITS.honest_alpha},
     }
+
+
+def _recorded(labels: list[str]) -> tuple[dict[str, list[dict]], dict | None]:
+    """The committed per-reply credibilities, and the selective cheater's accuracy as the run
+    that recorded them measured it (its text model lives in the cache too)."""
+    if not SCORES.exists():
+        raise SystemExit(f"no recordings in {CACHE} and no {SCORES}: run without --no-record first")
+    nodes = json.loads(SCORES.read_text())["nodes"]
+    previous = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    return {k: nodes[k] for k in labels if nodes.get(k)}, previous.get("selective_text_model")
 
 
 def _honest_at_rate(rows: list[dict], share: float) -> list[dict]:
     """The honest replies padded with replies scored 0 until a `share` of them is abnormal: the
     honest node at the upper end of its measured false-positive interval (none of the recorded
-    honest replies is abnormal, so the recorded pool alone cannot show what the second-lowest
-    rule does to an unlucky honest node)."""
+    honest replies is abnormal, so the recorded pool alone cannot show what the audit fold does
+    to an unlucky honest node)."""
     if not rows:
         return []
     zeros = 0
@@ -561,8 +580,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.no_record:
         asyncio.run(record(args.honest, args.per_cheater, kinds, args.concurrency))
     qfile = CACHE / "questions.json"
-    n_questions = len(json.loads(qfile.read_text())) if qfile.exists() else 1
-    specs = request_specs(n_questions, max(args.honest, args.per_cheater), 18)
+    specs = request_specs(len(json.loads(qfile.read_text())), max(args.honest, args.per_cheater), 18) \
+        if qfile.exists() else []  # (no recordings: analyse() resamples the committed credibilities)
     rates = tuple(float(r) for r in args.audit_rates.split(",") if r)
     return analyse(specs, kinds, args.epochs, args.runs, args.seed, rates, args.asks_per_epoch)
 

@@ -304,7 +304,13 @@ class AuditParams:
     also costs the flooder one real generation per submission.
     """
 
-    rate: float = 0.02  # share of a user's asks that are audited (when the user has audits on)
+    rate: float = 0.1  # share of a user's asks that are audited (when the user has audits on): the
+    # lowest of the detection bench's rates at which every cheater kind is untrusted within 5 epochs
+    # the fold (verifier/epochs/audits.audit_score): a member's audit score of a node is its k-th
+    # lowest audit credibility, k the fewest abnormal replies an honest node at this false-positive
+    # rate shows among n audits with probability <= honest_alpha (k >= 2; k = 3 at the cap of 16)
+    honest_abnormal_bound: float = 0.02  # ~ the Wilson 95 % upper bound of 0 abnormal in 200 honest replies
+    honest_alpha: float = 0.01
     max_per_node_epoch: int = 16  # audits scored per model node per epoch
     max_per_epoch: int = 256  # audits scored per epoch, all nodes together
     max_per_channel_epoch: int = 32  # per arriving overlay link (a proxy) per epoch
@@ -316,6 +322,8 @@ class AuditParams:
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"audit rate must be in [0, 1], got {self.rate}")
+        if not (0.0 < self.honest_abnormal_bound < 1.0 and 0.0 < self.honest_alpha < 1.0):
+            raise ValueError("honest_abnormal_bound and honest_alpha must be in (0, 1)")
         if min(self.max_per_node_epoch, self.max_per_epoch, self.max_per_channel_epoch) < 0:
             raise ValueError("audit caps must be >= 0")
 

@@ -162,6 +162,24 @@ def test_a_node_that_cheats_only_on_real_traffic_is_caught_by_audits(node):
     assert state.untrusted
 
 
+def test_attack_more_audits_do_not_make_honest_noise_a_verdict():
+    """The old fold took the second-lowest audit whatever their number: the more an honest node
+    was audited, the likelier two unlucky replies condemned it (P(>= 2 abnormal of 16) = 4 % per
+    epoch at a 2 % false-positive bound), which kept the audit rate low. Now the count that
+    condemns grows with the audits (k-th lowest, k = condemning_count): 2 bad of 16 is noise,
+    3 bad of 16 is a verdict, and a cheater still cannot dilute 3 bad replies with its own."""
+    from verifier.epochs.audits import audit_score, condemning_count
+
+    bound, alpha = AUDITS.honest_abnormal_bound, AUDITS.honest_alpha
+    assert [condemning_count(n, bound, alpha) for n in (1, 2, 7, 8, 16)] == [2, 2, 2, 3, 3]
+    unlucky_honest = [0.1, 0.2] + [1.0] * 14
+    assert audit_score(unlucky_honest) >= REPUTATION.abnormal_threshold
+    assert sorted(unlucky_honest)[1] < REPUTATION.abnormal_threshold  # the second-lowest rule condemned it
+    cheater = [0.1, 0.2, 0.0] + [1.0] * 13  # 3 bad real replies next to 13 audits of itself
+    assert audit_score(cheater) < REPUTATION.abnormal_threshold
+    assert audit_score([0.0, 1.0]) == 1.0 and audit_score([0.0, 0.1, 1.0]) == 0.1  # few audits: as before
+
+
 def test_fold_credibility():
     assert fold_credibility(None, []) is None
     assert fold_credibility(0.8, []) == 0.8

@@ -124,7 +124,8 @@ class AuditService:
         """What this member reports on chain: per node, the audit score (micros; audits.
         audit_score) of the audits scored since the last report, and a digest of their receipts; then forgets
         them (an audit scored after a report goes into the next one)."""
-        scores = sorted((node, int(round(audit_score(v) * SCORE_SCALE))) for node, v in self._unreported.items())
+        scores = sorted((node, int(round(audit_score(v, self.params) * SCORE_SCALE)))
+                        for node, v in self._unreported.items())
         digest = hashlib.sha256(b"".join(sorted(self._unreported_keys))).digest()
         self._unreported, self._unreported_keys = {}, []
         return scores, digest

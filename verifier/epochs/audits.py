@@ -16,14 +16,17 @@ checks that a submission is one of them). The desk adds what needs an epoch's me
   the tokens scored are the ones the node signed, under the parameters it signed.
 
 How audits weigh in an epoch (`audit_score`, `fold_credibility`): a node's audit score is
-the SECOND-LOWEST credibility of its audits (the only one when there is one), and its epoch
-credibility the lower of that and its challenge credibility. Why not the mean: a cheater can
-hand in audits of its own honest replies (it can ask itself) and dilute a mean at will, while
-two bad real replies stay two bad replies however many good ones it adds. Why not the
-minimum: honest noise would then punish a node more often the more it is audited; the second
-lowest falls under tau for an honest node with probability ~ C(k, 2) p^2 (p the per-reply
-rate, k audits), negligible for the per-node cap of 16, and a node cheating on a share s of
-its real traffic is caught once two of its audited replies are bad.
+the k-th LOWEST credibility of its n audits (the only one when there is one), and its epoch
+credibility the lower of that and its challenge credibility. k (`condemning_count`) is the
+fewest abnormal replies that an honest node, whose replies are abnormal with probability
+`AuditParams.honest_abnormal_bound`, shows among n audits with probability at most
+`honest_alpha`; never fewer than 2. Why not the mean: a cheater can hand in audits of its own
+honest replies (it can ask itself) and dilute a mean at will, while k bad real replies stay k
+bad replies however many good ones it adds — and k is at most 3 for the per-node cap of 16
+(at the defaults). Why not the minimum, or a fixed second-lowest: honest noise would punish
+a node more often the more it is audited, which is what kept the audit rate low (at the upper
+end of the honest false-positive interval, the detection bench untrusted 36 % of honest runs
+at rate 0.05 with the second-lowest rule, 16 % with this one — 13 % with challenges alone).
 
 Pure: refusals change nothing (every transition returns a new desk); the shell
 (verifier/epochs/audit_service.py) holds the desk, the clock and the reference model.
@@ -31,6 +34,7 @@ Pure: refusals change nothing (every transition returns a new desk); the shell
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -101,15 +105,29 @@ def audit_credibility(audit: audits.CheckedAudit, scores: TokenScores) -> float:
     return score_reply(scores, sampling_spec_of(audit.request)).credibility
 
 
-def audit_score(audit_scores: Sequence[float]) -> float | None:
-    """A node's audit score: the second-lowest of its audit credibilities (the only one when
-    there is one; None without audits). The module docstring says why."""
+@functools.lru_cache(maxsize=1024)
+def condemning_count(n: int, p0: float, alpha: float) -> int:
+    """The fewest abnormal replies among `n` audits that an honest node (each reply abnormal with
+    probability `p0`) reaches with probability <= `alpha`; at least 2 (the binomial upper tail)."""
+    tail = 1.0  # P(X >= k), from k = 0 upwards
+    for k in range(n + 1):
+        if k >= 2 and tail <= alpha:
+            return k
+        tail -= math.comb(n, k) * p0 ** k * (1 - p0) ** (n - k)
+    return n + 1
+
+
+def audit_score(audit_scores: Sequence[float], params: AuditParams = AUDITS) -> float | None:
+    """A node's audit score: the k-th lowest of its audit credibilities, k = `condemning_count`
+    (the highest, when k exceeds their number; the only one when there is one; None without
+    audits). The module docstring says why."""
     values = sorted(float(v) for v in audit_scores)
     if any(not (math.isfinite(v) and 0.0 <= v <= 1.0) for v in values):
         raise ValueError("audit credibilities are in [0, 1]")
     if not values:
         return None
-    return values[1] if len(values) > 1 else values[0]
+    k = condemning_count(len(values), params.honest_abnormal_bound, params.honest_alpha)
+    return values[min(k, len(values)) - 1]
 
 
 def fold_credibility(challenge: float | None, audit_scores: Sequence[float]) -> float | None:
