@@ -398,6 +398,7 @@ class EpochRunner:
         try:
             answer = await self._ask(request, reveal.node_id)
         except ProbeFailed as exc:
+            self._note(f"epoch {self._section().current.epoch}: challenge of {reveal.node_id[:12]} failed: {exc}")
             return pb.ProbeReply(node_id=node, missing=True, reason=str(exc)[:200])
         tokens = list(answer.token_ids)[: self.params.max_reply_tokens]
         if reveal.node_id in self.faults.alter and tokens:
