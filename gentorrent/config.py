@@ -304,8 +304,9 @@ class AuditParams:
     also costs the flooder one real generation per submission.
     """
 
-    rate: float = 0.1  # share of a user's asks that are audited (when the user has audits on): the
-    # lowest of the detection bench's rates at which every cheater kind is untrusted within 5 epochs
+    # share of a user's asks that are audited (when the user has audits on): the lowest of the
+    # detection bench's rates at which every cheater kind is untrusted within 5 epochs
+    rate: float = 0.1
     # the fold (verifier/epochs/audits.audit_score): a member's audit score of a node is its k-th
     # lowest audit credibility, k the fewest abnormal replies an honest node at this false-positive
     # rate shows among n audits with probability <= honest_alpha (k >= 2; k = 3 at the cap of 16)

@@ -39,6 +39,7 @@ The last line on stdout is ONE JSON line of headline figures (`headline`).
 
 from __future__ import annotations
 
+import abc
 import argparse
 import csv
 import gc
@@ -86,7 +87,7 @@ class Cluster:
                       for i in range(cfg.nodes)]
 
 
-class Policy:
+class Policy(abc.ABC):
     name = "base"
     central = True  # requests reach the chosen node without an extra hop
 
@@ -94,8 +95,9 @@ class Policy:
         self.cluster = cluster
         self.rng = rng
 
+    @abc.abstractmethod
     def route(self, job: Job, tokens: np.ndarray, now: float) -> tuple[int, bool]:
-        raise NotImplementedError
+        """(the node the request goes to, whether it is a forward)."""
 
     def on_arrival_at_node(self, idx: int, tokens: np.ndarray, now: float, hops: int) -> int | None:
         """A forwarded request (hops > 0) reached node idx: None to serve it there, or the

@@ -17,12 +17,13 @@ holds the reply can show that it is the one the leader committed to.
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
 
-__all__ = ["reply_digest", "public_reply", "private_reply_problem", "reply_signer", "is_forwarded", "DIGEST_LEN"]
+__all__ = ["reply_digest", "public_reply", "private_reply_problem", "signature_problem", "reply_signer",
+           "is_forwarded", "node_lookup", "DIGEST_LEN"]
 
 _DOMAIN = b"gentorrent/epoch-reply-digest/v1"
 DIGEST_LEN = 32
@@ -36,6 +37,11 @@ class RegisteredNode(Protocol):
 
 
 NodeLookup = Callable[[bytes], Optional[RegisteredNode]]  # registered model node by node id, or None
+
+
+def node_lookup(models: Mapping[str, RegisteredNode]) -> NodeLookup:
+    """A NodeLookup over registered nodes keyed by hex node id (as the directory lists them)."""
+    return lambda node_id: models.get(node_id.hex())
 
 
 def reply_digest(node_id: bytes, receipt: pb.ReplyReceipt, token_ids: Sequence[int]) -> bytes:
@@ -73,19 +79,27 @@ def is_forwarded(reply: pb.ProbeReply) -> bool:
     return reply.HasField("receipt") and reply.receipt.node_id != reply.node_id
 
 
+def signature_problem(receipt: pb.ReplyReceipt, token_ids: Sequence[int], probed_id: bytes,
+                      nodes: NodeLookup) -> str | None:
+    """Why `receipt` is not a valid signature over `token_ids` by the probed node or a member
+    of its model group (`reply_signer`) for that model, or None. The prober asks this of every
+    reply it gets; the members ask it again of the leader's private copies."""
+    signer = reply_signer(receipt, probed_id, nodes)
+    if signer is None:
+        return "the reply is signed by neither the probed node nor a registered node of its model"
+    try:
+        receipts.verify_receipt(receipt, signer.public_key, None, list(token_ids))
+    except (receipts.ReceiptError, ValueError) as exc:
+        return str(exc)
+    if receipt.model != signer.model:
+        return f"the reply names model {receipt.model!r}, the node registered {signer.model!r}"
+    return None
+
+
 def private_reply_problem(public: pb.ProbeReply, private: pb.ProbeReply, nodes: NodeLookup) -> str | None:
     """Why the leader's private copy of a reply is not the committed reply that the probed node
     (or the group member it forwarded to) signed, or None."""
     tokens = list(private.token_ids)
     if private.node_id != public.node_id or reply_digest(public.node_id, private.receipt, tokens) != public.digest:
         return "the private reply does not match the leader's public commitment"
-    signer = reply_signer(private.receipt, public.node_id, nodes)
-    if signer is None:
-        return "the reply is signed by neither the probed node nor a registered node of its model"
-    try:
-        receipts.verify_receipt(private.receipt, signer.public_key, None, tokens)
-    except (receipts.ReceiptError, ValueError) as exc:
-        return str(exc)
-    if private.receipt.model != signer.model:
-        return f"the reply names model {private.receipt.model!r}, the node registered {signer.model!r}"
-    return None
+    return signature_problem(private.receipt, tokens, public.node_id, nodes)

@@ -16,9 +16,10 @@ of each phase, once, by submitting signed epoch transactions to its own node:
                    of the users' audits it scored since its last report (epoch_audit_report);
                    then check the leader's private copy of every reply against its public digest
                    and the signer's key (the node, or the group member it forwarded the
-                   challenge to: such a reply is attested "forwarded", unscored), re-score it with this member's reference model (with the
-                   request's own sampling parameters) after checking that the signed receipt
-                   covers the committed request (epoch_attestation)
+                   challenge to: such a reply is attested "forwarded", unscored), re-score it
+                   with this member's reference model (with the request's own sampling
+                   parameters) after checking that the signed receipt covers the committed
+                   request (epoch_attestation)
     attesting /    (not the leader) probe each node the leader reported missing with a prompt of
     resolving      this member's own, and report whether a valid signed reply came (epoch_probe_report)
 
@@ -55,7 +56,8 @@ from verifier.epochs import vrf
 from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, draw_challenge, prompt_key,
                                         select_probe_set, verify_reveal)
 from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
-from verifier.epochs.reply_commitments import is_forwarded, private_reply_problem, public_reply, reply_signer
+from verifier.epochs.reply_commitments import (is_forwarded, node_lookup, private_reply_problem, public_reply,
+                                               signature_problem)
 from verifier.epochs.probe_format import challenge_request, receipt_matches_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.repeats import CommitteeMemory
 from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
@@ -297,11 +299,6 @@ class EpochRunner:
             return {}
         return {m.node_id.hex(): m for m in decode_directory(value).models}
 
-    def _lookup(self) -> Callable[[bytes], pb.ModelEntry | None]:
-        """Registered model nodes by node id (reply_commitments.NodeLookup), as committed now."""
-        models = self._models()
-        return lambda node_id: models.get(node_id.hex())
-
     async def _questions(self, seed: bytes, node_ids: list[str],
                          taken: set[str] | None = None) -> dict[str, ChatRequest]:
         """One challenge per node, no two with the same text (a collision is redrawn)."""
@@ -359,7 +356,7 @@ class EpochRunner:
         if not await self._wait_phase(epoch, rules.PROBING):
             return True  # the plan did not commit in time (or was refused): the epoch is lost
         self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
-        items = await asyncio.gather(*(self._challenge(r, models.get(r.node_id)) for r in reveals))
+        items = await asyncio.gather(*(self._challenge(epoch, r, models.get(r.node_id)) for r in reveals))
         self._replies[epoch] = {r.node_id.hex(): r for r in items}
         await self._send_private(epoch, "replies", lambda key: seal_replies(ident, key, epoch, list(items)))
         public = [public_reply(r) for r in items]  # the chain never sees a receipt or a prompt hash
@@ -386,7 +383,7 @@ class EpochRunner:
             if not await self.host.send_private(member, seal(entry.box_public_key)):
                 self._note(f"epoch {epoch}: {what} not delivered to {member.hex()[:12]}")
 
-    async def _challenge(self, reveal: Reveal, entry: pb.ModelEntry | None) -> pb.ProbeReply:
+    async def _challenge(self, epoch: int, reveal: Reveal, entry: pb.ModelEntry | None) -> pb.ProbeReply:
         node = bytes.fromhex(reveal.node_id)
         if reveal.node_id in self.faults.drop or entry is None:  # (None: deregistered since the election)
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
@@ -398,7 +395,7 @@ class EpochRunner:
         try:
             answer = await self._ask(request, reveal.node_id)
         except ProbeFailed as exc:
-            self._note(f"epoch {self._section().current.epoch}: challenge of {reveal.node_id[:12]} failed: {exc}")
+            self._note(f"epoch {epoch}: challenge of {reveal.node_id[:12]} failed: {exc}")
             return pb.ProbeReply(node_id=node, missing=True, reason=str(exc)[:200])
         tokens = list(answer.token_ids)[: self.params.max_reply_tokens]
         if reveal.node_id in self.faults.alter and tokens:
@@ -417,13 +414,12 @@ class EpochRunner:
             raise ProbeFailed("no reply in time") from None
         if len(answer.token_ids) > self.params.max_reply_tokens:
             raise ProbeFailed("reply longer than a challenge allows")
-        signer = reply_signer(answer.receipt, bytes.fromhex(node_id), self._lookup())
-        if answer.receipt.model != request.model or signer is None:
-            raise ProbeFailed(f"reply signed for model {answer.receipt.model!r} by a node outside the group")
-        try:
-            receipts.verify_receipt(answer.receipt, signer.public_key, None, answer.token_ids)
-        except receipts.ReceiptError as exc:
-            raise ProbeFailed(str(exc)) from None
+        if answer.receipt.model != request.model:
+            raise ProbeFailed(f"reply signed for model {answer.receipt.model!r}, asked {request.model!r}")
+        problem = signature_problem(answer.receipt, answer.token_ids, bytes.fromhex(node_id),
+                                    node_lookup(self._models()))
+        if problem is not None:
+            raise ProbeFailed(problem)
         return answer
 
     # ------------------------------------------------------------------ attesting
@@ -457,7 +453,7 @@ class EpochRunner:
             if reveal is None or entry is None or full is None:
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
-            problem = private_reply_problem(r, full, lambda node_id: models.get(node_id.hex()))
+            problem = private_reply_problem(r, full, node_lookup(models))
             if problem is not None:
                 self._note(f"epoch {epoch}: the leader's reply of {node[:12]}: {problem}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_LEADER_FAULTY))
