@@ -59,6 +59,7 @@ SHARED_PREFIX = ("You are the assistant of a small public library. The library o
                  "first Monday of each month at seven, in the large meeting room, which groups can also book for "
                  "free when it is not in use. Answer the visitor's question in one short sentence.\n\nQuestion: ")
 FORWARD_QUESTIONS = ("When does the library open?", "How many books may I borrow?", "How long is a loan?")
+FORWARD_BRANCHES = 16  # prefixes tried for one whose rendezvous home is one of the chosen pair
 #: gossip rounds (ROUTING.gossip_interval_s each) to wait before the second ask of the prefix
 FORWARD_GOSSIP_ROUNDS = 2
 #: how long the demo watches the epochs (the paper: a cheater is untrusted within 5 epochs)
@@ -207,12 +208,18 @@ def show_forwarding(state: devnet.DevnetState, root: Path, pair: tuple | None = 
         return None
     pair = pair or (honest[0], honest[1])
     # a new prefix is served at its rendezvous home (policy.py), which may be any member of the
-    # group: take a prefix (a branch name in front) whose home is one of the pair
-    for branch in range(1, 5):
+    # group: take a prefix (a branch name in front) whose home is one of the pair. With g
+    # members of equal capacity a branch misses the pair with odds (g-2)/g, so 16 branches
+    # miss it with odds 1.5e-5 in the devnet test's group of four
+    for branch in range(1, FORWARD_BRANCHES + 1):
         prefix = f"[Branch {branch}] {SHARED_PREFIX}"
         first = devnet.ask_node(prefix + FORWARD_QUESTIONS[0], pair[0], root, max_tokens=12)
         if first["served_by"] in {n.node_id for n in pair}:
             break
+    else:
+        say(f"  no prefix of {FORWARD_BRANCHES} tried had its home on {pair[0].name} or {pair[1].name}: "
+            "nothing to show")
+        return None
     holder, receiver = pair if first["served_by"] == pair[0].node_id else (pair[1], pair[0])
     say(f"  asked {first['sent_to_name']} a question after a {len(prefix.split())}-word shared prefix: "
         f"served by {first['served_by_name']} (its engine now caches the prefix, its tree says so)")
