@@ -312,8 +312,9 @@ class AuditParams:
     # rate shows among n audits with probability <= honest_alpha (k >= 2; k = 3 at the cap of 16)
     honest_abnormal_bound: float = 0.02  # ~ the Wilson 95 % upper bound of 0 abnormal in 200 honest replies
     honest_alpha: float = 0.01
-    max_per_node_epoch: int = 16  # audits scored per model node per epoch
-    max_per_epoch: int = 256  # audits scored per epoch, all nodes together
+    max_per_node_epoch: int = 16  # audits scored per model node per epoch (a random sample of its admitted ones)
+    max_per_epoch: int = 256  # audits scored per epoch, all nodes together (reference passes)
+    max_admitted_per_epoch: int = 2048  # audits admitted per epoch, all nodes together (kept: a hash each)
     max_per_channel_epoch: int = 32  # per arriving overlay link (a proxy) per epoch
     max_reply_tokens: int = 1024  # output tokens of one audited reply
     max_submission_bytes: int = 768 * 1024  # encoded AuditSubmission (a prompt is <= 512 KiB); one clove
@@ -325,7 +326,7 @@ class AuditParams:
             raise ValueError(f"audit rate must be in [0, 1], got {self.rate}")
         if not (0.0 < self.honest_abnormal_bound < 1.0 and 0.0 < self.honest_alpha < 1.0):
             raise ValueError("honest_abnormal_bound and honest_alpha must be in (0, 1)")
-        if min(self.max_per_node_epoch, self.max_per_epoch, self.max_per_channel_epoch) < 0:
+        if min(self.max_per_node_epoch, self.max_per_epoch, self.max_per_channel_epoch, self.max_admitted_per_epoch) < 0:
             raise ValueError("audit caps must be >= 0")
 
 

@@ -103,12 +103,12 @@ def test_attack_replayed_submission_is_refused_now_and_next_epoch(node, models):
 
 
 @pytest.mark.parametrize("cap, channels", [
-    ("max_per_node_epoch", ["a", "b", "c", "d"]),
     ("max_per_channel_epoch", ["a"] * 4),
-    ("max_per_epoch", ["a", "b", "c", "d"]),
+    ("max_admitted_per_epoch", ["a", "b", "c", "d"]),
 ])
 def test_attack_flooding_beyond_a_cap_is_refused_without_a_change(node, models, cap, channels):
-    params = replace(AUDITS, **{**dict(max_per_node_epoch=99, max_per_channel_epoch=99, max_per_epoch=99), cap: 3})
+    params = replace(AUDITS, **{**dict(max_per_node_epoch=99, max_per_channel_epoch=99, max_admitted_per_epoch=99),
+                                cap: 3})
     users = Users(node, seed=3)
     desk = AuditDesk(1, params)
     for i, channel in enumerate(channels[:3]):
@@ -117,6 +117,59 @@ def test_attack_flooding_beyond_a_cap_is_refused_without_a_change(node, models, 
     with pytest.raises(AuditRefused, match="no more audits"):
         desk.admit(users.audited_ask("one too many").SerializeToString(), channels[3], models, WINDOW)
     assert desk == before and len(desk.queue) == 3
+
+
+def _sample_after(submissions: list[bytes], salt: bytes, models) -> set[bytes]:
+    desk = AuditDesk(1, salt=salt)
+    for i, data in enumerate(submissions):
+        desk, _ = desk.admit(data, f"proxy-{i}", models, WINDOW)
+    assert len(desk.queue) == AUDITS.max_per_node_epoch
+    return {a.key for a in desk.queue}
+
+
+def test_attack_an_accomplice_filling_the_nodes_quota_first_cannot_shut_real_audits_out(node, models):
+    """A cheater's accomplice hands in a full quota of audits of replies the cheater answered
+    honestly before any user does. A first-come quota refused every real audit after them; the
+    per-node sample keeps each admitted audit with the same chance whatever the order."""
+    accomplice = [Users(node, seed=50 + i).audited_ask(f"easy {i}").SerializeToString()
+                  for i in range(AUDITS.max_per_node_epoch)]
+    real = [Users(node, "cheat", seed=90 + i).audited_ask(f"real question {i}").SerializeToString() for i in range(4)]
+    real_keys = {audits.receipt_key(pb.AuditSubmission.FromString(d).receipt) for d in real}
+    kept_real = []
+    for trial in range(100):
+        salt = trial.to_bytes(4, "big") * 8
+        first_come = _sample_after(accomplice + real, salt, models)
+        assert first_come == _sample_after(real + accomplice, salt, models)  # the order of arrival is moot
+        kept_real.append(len(first_come & real_keys))
+    # hypergeometric: 16 of 20 kept, 4 real among them -> 3.2 real audits kept on average
+    # (P(>= 3, the condemning count at 16 audits) = 0.84); a first-come quota kept none
+    assert 2.8 <= sum(kept_real) / len(kept_real) <= 3.6, kept_real
+
+
+def test_a_sampled_out_audit_no_longer_counts(node, models):
+    service = AuditService(lambda: models, SyntheticReference(), epoch=lambda: 1, clock_ms=lambda: NOW,
+                           params=replace(AUDITS, max_per_node_epoch=1))
+    users = Users(node, seed=11)
+    assert service.submit(users.audited_ask("first").SerializeToString(), "a").accepted
+    assert asyncio.run(service.score_queued()) == 1
+    assert service.submit(users.audited_ask("second").SerializeToString(), "b").accepted  # one of the two is kept
+    asyncio.run(service.score_queued())
+    assert len(service.credibilities(1)[node.node_id]) == 1 and len(service.desk.queue) == 1
+    scores, _ = service.take_report()
+    assert [n for n, _ in scores] == [node.node_id]
+
+
+def test_scoring_keeps_to_the_epochs_pass_budget_and_the_rest_waits_for_the_next(node, models):
+    epoch = [1]
+    reference = SyntheticReference()
+    service = AuditService(lambda: models, reference, epoch=lambda: epoch[0], clock_ms=lambda: NOW,
+                           params=replace(AUDITS, max_per_epoch=2))
+    users = Users(node, seed=12)
+    for i in range(3):
+        assert service.submit(users.audited_ask(f"question {i}").SerializeToString(), "a").accepted
+    assert asyncio.run(service.score_queued()) == 2 and asyncio.run(service.score_queued()) == 0
+    epoch[0] = 2
+    assert asyncio.run(service.score_queued()) == 1 and reference.scored == 3
 
 
 def test_a_refused_submission_changes_nothing(node, models):

@@ -1,5 +1,5 @@
 """The audit desk's shell on a committee member: takes submissions as they arrive, scores the
-queued ones with the member's reference model, keeps each epoch's audit credibilities.
+each node's sample with the member's reference model, keeps each epoch's audit credibilities.
 
 It holds the clock, the registry view and the reference model; every decision is the pure
 desk's (verifier/epochs/audits.py). Receipt freshness is judged by this member's clock: a
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -54,19 +55,19 @@ class AuditService:
         self.audit_key = audit_key
         self.span_ms = epoch_span_ms() if span_ms is None else span_ms
         self.clock_ms = clock_ms
-        self.desk = AuditDesk(epoch(), params)
-        self._scored = 0  # queue entries of the current desk already scored
-        self.results: dict[int, dict[bytes, list[float]]] = {}
-        self._unreported: dict[bytes, list[float]] = {}  # scored since the last report
-        self._unreported_keys: list[bytes] = []
-        self._backlog: list[audits.CheckedAudit] = []  # of a previous desk, still to score
+        self.desk = AuditDesk(epoch(), params, salt=secrets.token_bytes(32))
+        self._scored: set[bytes] = set()  # receipt keys of the current desk already scored
+        self._passes = 0  # reference passes spent on the current desk's epoch
+        self.results: dict[int, dict[bytes, dict[bytes, float]]] = {}  # epoch -> node -> receipt key -> score
+        self._unreported: dict[bytes, tuple[bytes, float]] = {}  # receipt key -> (node, score), since the last report
+        self._backlog: list[audits.CheckedAudit] = []  # sampled by the previous desk, not scored yet
 
     def _roll(self) -> None:
         current = self.epoch()
         if current > self.desk.epoch:
-            self._backlog.extend(self.desk.queue[self._scored:])  # admitted, not scored yet: keep them
-            self.desk = self.desk.next_epoch(current)
-            self._scored = 0
+            self._backlog = [a for a in self.desk.queue if a.key not in self._scored]  # sampled, not scored: keep them
+            self.desk = self.desk.next_epoch(current, salt=secrets.token_bytes(32))
+            self._scored, self._passes = set(), 0
             for old in [e for e in self.results if e < current - 1]:
                 del self.results[old]
 
@@ -86,31 +87,53 @@ class AuditService:
         return self.submit(data, channel)
 
     def submit(self, data: bytes, channel: str) -> pb.AuditAck:
-        """Admit one submission that arrived over `channel` (the overlay link it came in on)."""
+        """Admit one submission that arrived over `channel` (the overlay link it came in on).
+        Accepted says admitted, not sampled: the submitter must not learn its rank."""
         self._roll()
         try:
-            self.desk, _ = self.desk.admit(data, channel, self.models(), self.window())
+            desk, checked = self.desk.admit(data, channel, self.models(), self.window())
         except AuditRefused as exc:
             return pb.AuditAck(accepted=False, reason=str(exc))
+        kept = {a.key for a in desk.sample[checked.node_id]}
+        for audit in self.desk.sample.get(checked.node_id, ()):
+            if audit.key not in kept:  # ranked out of the sample: its score, if any, no longer counts
+                self._forget(audit)
+        self.desk = desk
         return pb.AuditAck(accepted=True)
 
+    def _forget(self, audit: audits.CheckedAudit) -> None:
+        self._unreported.pop(audit.key, None)
+        self.results.get(self.desk.epoch, {}).get(audit.node_id, {}).pop(audit.key, None)
+
+    def _sampled(self, audit: audits.CheckedAudit) -> bool:
+        return any(a.key == audit.key for a in self.desk.sample.get(audit.node_id, ()))
+
     async def score_queued(self) -> int:
-        """Score what was admitted since the last call; returns how many were scored. An audit
-        the reference cannot score is dropped (logged), never counted against the node."""
+        """Score the sampled audits not scored yet, in rank order (over the epoch's pass budget,
+        `max_per_epoch`, the rest waits: a random share of every node's, never the last to
+        arrive); returns how many were scored. An audit the reference cannot score is dropped
+        (logged), never counted against the node."""
         self._roll()
-        epoch, pending = self.desk.epoch, self._backlog + list(self.desk.queue[self._scored:])
-        self._scored, self._backlog = len(self.desk.queue), []
+        epoch = self.desk.epoch
+        pending = self._backlog + sorted((a for a in self.desk.queue if a.key not in self._scored), key=self.desk.rank)
+        self._backlog = []
         done = 0
-        for audit in pending:
+        for i, audit in enumerate(pending):
+            if self._passes >= self.params.max_per_epoch:
+                log.info("audit pass budget of epoch %d spent: %d sampled audits wait", epoch, len(pending) - i)
+                break
+            self._passes += 1
+            self._scored.add(audit.key)
             try:
                 scores = await self.reference.score(audit.request, list(audit.token_ids))
                 value = audit_credibility(audit, scores)
             except (ScoringError, RuntimeError, ValueError) as exc:
                 log.info("audit of %s not scored: %s", audit.node_id.hex()[:16], exc)
                 continue
-            self.results.setdefault(epoch, {}).setdefault(audit.node_id, []).append(value)
-            self._unreported.setdefault(audit.node_id, []).append(value)
-            self._unreported_keys.append(audit.key)
+            if self.desk.epoch == epoch and audit.key in self.desk.this_epoch and not self._sampled(audit):
+                continue  # ranked out of the sample while it was being scored
+            self.results.setdefault(epoch, {}).setdefault(audit.node_id, {})[audit.key] = value
+            self._unreported[audit.key] = (audit.node_id, value)
             done += 1
         return done
 
@@ -124,15 +147,17 @@ class AuditService:
         """What this member reports on chain: per node, the audit score (micros; audits.
         audit_score) of the audits scored since the last report, and a digest of their receipts; then forgets
         them (an audit scored after a report goes into the next one)."""
-        scores = sorted((node, int(round(audit_score(v, self.params) * SCORE_SCALE)))
-                        for node, v in self._unreported.items())
-        digest = hashlib.sha256(b"".join(sorted(self._unreported_keys))).digest()
-        self._unreported, self._unreported_keys = {}, []
+        by_node: dict[bytes, list[float]] = {}
+        for node, value in self._unreported.values():
+            by_node.setdefault(node, []).append(value)
+        scores = sorted((node, int(round(audit_score(v, self.params) * SCORE_SCALE))) for node, v in by_node.items())
+        digest = hashlib.sha256(b"".join(sorted(self._unreported))).digest()
+        self._unreported = {}
         return scores, digest
 
     def credibilities(self, epoch: int) -> dict[bytes, Sequence[float]]:
         """Each audited node's audit credibilities of `epoch` (node id -> scores)."""
-        return {node: tuple(v) for node, v in self.results.get(epoch, {}).items()}
+        return {node: tuple(v.values()) for node, v in self.results.get(epoch, {}).items() if v}
 
 
 def service_for(host, reference: Scorer, params: AuditParams = AUDITS) -> AuditService:

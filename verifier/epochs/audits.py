@@ -5,11 +5,20 @@ checks that a submission is one of them). The desk adds what needs an epoch's me
 
 * one audit per receipt (a replayed submission is refused, also in the next epoch, since a
   receipt stays fresh for two epochs);
-* caps per model node, per arriving overlay link and overall per epoch, so that anonymous
-  submitters cannot flood the committee's reference model. The committee cannot tell users
-  apart (that is the point), so it cannot cap per user; a link cap limits what one proxy
-  channels, and every submission needs its own receipt signed by a registered node, so a
-  flooder pays one real generation per audit it hands in;
+* bounds, so that anonymous submitters cannot flood the committee's reference model: per
+  arriving overlay link and overall per epoch on what is admitted, and per model node on what
+  is scored. The committee cannot tell users apart (that is the point), so it cannot cap per
+  user; a link cap limits what one proxy channels, and every submission needs its own receipt
+  signed by a registered node, so a flooder pays one real generation per audit it hands in;
+* a per-node SAMPLE, not a first-come quota: of all the audits of a node admitted in an epoch,
+  the desk keeps the `max_per_node_epoch` of lowest rank, the rank a keyed hash of the receipt
+  under this member's secret salt of the epoch. With a first-come quota a cheater's accomplice
+  fills the node's quota early with audits of replies the cheater answered honestly, and every
+  real user's audit of it that epoch is refused: audits never see it. With the sample, whatever
+  the order of arrival, each admitted audit is kept with the same chance, so the accomplice
+  must outnumber the real audits many times over (and pay an honest generation for each) to
+  push the real ones out, and cannot aim: the salt is secret, so it cannot grind receipts that
+  rank low;
 * scoring exactly like a challenge reply: the same single teacher-forced pass and the same
   honest-sampling tests (verifier/epochs/scoring.py) under the sampling parameters the node
   signed. An honest node's reply scores ~1 whatever the prompt, so an audit cannot frame it:
@@ -35,6 +44,7 @@ Pure: refusals change nothing (every transition returns a new desk); the shell
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -55,42 +65,52 @@ class AuditRefused(ValueError):
 
 @dataclass(frozen=True)
 class AuditDesk:
-    """One epoch's admitted audits and counters."""
+    """One epoch's admitted audits: counters, and each node's sample (module docstring)."""
 
     epoch: int
     params: AuditParams = AUDITS
-    seen: frozenset[bytes] = frozenset()  # receipt keys of this and the previous epoch
-    per_node: Mapping[bytes, int] = field(default_factory=dict)
+    salt: bytes = b""  # this member's secret of the epoch, for the sample's ranks (the shell draws it)
+    seen: frozenset[bytes] = frozenset()  # receipt keys admitted this and the previous epoch
+    admitted: int = 0  # admitted this epoch
     per_channel: Mapping[str, int] = field(default_factory=dict)
-    queue: tuple[audits.CheckedAudit, ...] = ()
+    sample: Mapping[bytes, tuple[audits.CheckedAudit, ...]] = field(default_factory=dict)  # node -> by rank
+    this_epoch: frozenset[bytes] = frozenset()  # receipt keys admitted this epoch
+
+    @property
+    def queue(self) -> tuple[audits.CheckedAudit, ...]:
+        """Every sampled audit, by node, then by rank: what the shell scores."""
+        return tuple(a for node in sorted(self.sample) for a in self.sample[node])
+
+    def rank(self, audit: audits.CheckedAudit) -> bytes:
+        """An audit's place in its node's sample: unpredictable without the salt."""
+        return hashlib.blake2b(audit.key, key=self.salt[:64], digest_size=16, person=b"gt-audit-rank").digest()
 
     def admit(self, data: bytes, channel: str, models: Mapping[bytes, audits.RegisteredModel],
               window: audits.AuditWindow) -> tuple["AuditDesk", audits.CheckedAudit]:
-        """The desk with one more audit queued, and that audit; AuditRefused otherwise."""
+        """The desk with one more audit admitted (in its node's sample, or ranked out of it), and
+        that audit; AuditRefused otherwise."""
         try:
             checked = audits.check_submission(data, models, window, self.params)
         except audits.AuditError as exc:
             raise AuditRefused(str(exc)) from exc
         if checked.key in self.seen:
             raise AuditRefused("this receipt was audited already")
-        if len(self.queue) >= self.params.max_per_epoch:
+        if self.admitted >= self.params.max_admitted_per_epoch:
             raise AuditRefused("the committee takes no more audits this epoch")
-        if self.per_node.get(checked.node_id, 0) >= self.params.max_per_node_epoch:
-            raise AuditRefused("the committee takes no more audits of this node this epoch")
         if self.per_channel.get(channel, 0) >= self.params.max_per_channel_epoch:
             raise AuditRefused("the committee takes no more audits over this link this epoch")
-        per_node = Counter(self.per_node)
-        per_node[checked.node_id] += 1
         per_channel = Counter(self.per_channel)
         per_channel[channel] += 1
-        return replace(self, seen=self.seen | {checked.key}, per_node=dict(per_node), per_channel=dict(per_channel),
-                       queue=self.queue + (checked,)), checked
+        kept = sorted(self.sample.get(checked.node_id, ()) + (checked,), key=self.rank)
+        sample = {**self.sample, checked.node_id: tuple(kept[: self.params.max_per_node_epoch])}
+        return replace(self, seen=self.seen | {checked.key}, this_epoch=self.this_epoch | {checked.key},
+                       admitted=self.admitted + 1, per_channel=dict(per_channel), sample=sample), checked
 
-    def next_epoch(self, epoch: int) -> "AuditDesk":
+    def next_epoch(self, epoch: int, salt: bytes = b"") -> "AuditDesk":
         """A fresh desk; this epoch's receipts stay refused (they are still fresh next epoch)."""
         if epoch <= self.epoch:
             raise AuditRefused(f"epoch {epoch} does not follow {self.epoch}")
-        return AuditDesk(epoch, self.params, seen=frozenset(a.key for a in self.queue))
+        return AuditDesk(epoch, self.params, salt=salt, seen=self.this_epoch)
 
 
 def sampling_spec_of(request: pb.GenerateRequest) -> SamplingSpec:
