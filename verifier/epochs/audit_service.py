@@ -119,6 +119,8 @@ class AuditService:
         self._backlog = []
         done = 0
         for i, audit in enumerate(pending):
+            if audit.key in self._scored:
+                continue  # another call (the report's, the background loop's) took it meanwhile
             if self._passes >= self.params.max_per_epoch:
                 log.info("audit pass budget of epoch %d spent: %d sampled audits wait", epoch, len(pending) - i)
                 break
