@@ -70,8 +70,7 @@ class AuditDesk:
     epoch: int
     params: AuditParams = AUDITS
     salt: bytes = b""  # this member's secret of the epoch, for the sample's ranks (the shell draws it)
-    seen: frozenset[bytes] = frozenset()  # receipt keys admitted this and the previous epoch
-    admitted: int = 0  # admitted this epoch
+    previous: frozenset[bytes] = frozenset()  # receipt keys admitted the epoch before (still fresh)
     per_channel: Mapping[str, int] = field(default_factory=dict)
     sample: Mapping[bytes, tuple[audits.CheckedAudit, ...]] = field(default_factory=dict)  # node -> by rank
     this_epoch: frozenset[bytes] = frozenset()  # receipt keys admitted this epoch
@@ -93,9 +92,9 @@ class AuditDesk:
             checked = audits.check_submission(data, models, window, self.params)
         except audits.AuditError as exc:
             raise AuditRefused(str(exc)) from exc
-        if checked.key in self.seen:
+        if checked.key in self.this_epoch or checked.key in self.previous:
             raise AuditRefused("this receipt was audited already")
-        if self.admitted >= self.params.max_admitted_per_epoch:
+        if len(self.this_epoch) >= self.params.max_admitted_per_epoch:
             raise AuditRefused("the committee takes no more audits this epoch")
         if self.per_channel.get(channel, 0) >= self.params.max_per_channel_epoch:
             raise AuditRefused("the committee takes no more audits over this link this epoch")
@@ -103,14 +102,14 @@ class AuditDesk:
         per_channel[channel] += 1
         kept = sorted(self.sample.get(checked.node_id, ()) + (checked,), key=self.rank)
         sample = {**self.sample, checked.node_id: tuple(kept[: self.params.max_per_node_epoch])}
-        return replace(self, seen=self.seen | {checked.key}, this_epoch=self.this_epoch | {checked.key},
-                       admitted=self.admitted + 1, per_channel=dict(per_channel), sample=sample), checked
+        return replace(self, this_epoch=self.this_epoch | {checked.key}, per_channel=dict(per_channel),
+                       sample=sample), checked
 
     def next_epoch(self, epoch: int, salt: bytes = b"") -> "AuditDesk":
         """A fresh desk; this epoch's receipts stay refused (they are still fresh next epoch)."""
         if epoch <= self.epoch:
             raise AuditRefused(f"epoch {epoch} does not follow {self.epoch}")
-        return AuditDesk(epoch, self.params, salt=salt, seen=self.this_epoch)
+        return AuditDesk(epoch, self.params, salt=salt, previous=self.this_epoch)
 
 
 def sampling_spec_of(request: pb.GenerateRequest) -> SamplingSpec:
