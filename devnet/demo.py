@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from devnet import network as devnet
-from gentorrent.config import DEVNET, MODEL_NODE
+from gentorrent.config import DEVNET, MODEL_NODE, REPUTATION
 
 QUESTIONS = ("In one sentence: why is the sky blue?", "Name three primary colours.")
 #: a shared prefix long enough for the group's tree to match it (> 2 chunks of 32 tokens)
@@ -130,8 +130,9 @@ def epochs_running(state: devnet.DevnetState) -> bool:
     return state.epochs
 
 
-def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOUT_S) -> bool:
-    """Watch the verifiers' epochs until every dishonest node is untrusted; True if that happened.
+def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, int] | None:
+    """Watch the verifiers' epochs until every dishonest node is untrusted; then the epoch after
+    which each was first seen untrusted (name -> epoch), else None.
 
     The verifiers run epochs by themselves (gt-verifier start --epochs: VRF leader, challenges
     through the overlay, scoring with the reference engine, reputation update in FinalizeBlock);
@@ -141,11 +142,13 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
         say("  NOT AVAILABLE YET: this build's `gt-verifier start` has no --epochs, so the committee runs")
         say("  no verification epochs. The table below is the committee's registry as it stands, not a")
         say("  verification result.")
-        return False
+        return None
     names = {m.node_id: m.name for m in state.of_role("model")}
     cheaters = {m.node_id for m in state.of_role("model") if m.extra.get("dishonest")}
     t0, closed, phase = time.monotonic(), 0, ""
+    untrusted_at: dict[str, int] = {}
     while True:
+        rows = reputation_table(state)  # before the section: an epoch closing in between counts late, never early
         section = epochs_section(state)
         if section is not None:
             now_phase = f"epoch {section.epoch}: {section.current.phase}" if section.epoch else "no epoch yet"
@@ -156,12 +159,18 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
                 if summary.epoch > closed:
                     closed = summary.epoch
                     _say_epoch(summary, names, reputation_table(state))
-        rows = reputation_table(state)
+        for r in rows:
+            if r["node_id"] in cheaters and r["trusted"] is False:
+                untrusted_at.setdefault(r["name"], closed)
         if cheaters and all(r["trusted"] is False for r in rows if r["node_id"] in cheaters):
-            return True
+            goal = REPUTATION.goal_epochs
+            say("  untrusted after epoch: " + ", ".join(
+                f"{name} {epoch}{'' if epoch <= goal else f' (goal: within {goal})'}"
+                for name, epoch in sorted(untrusted_at.items())))
+            return untrusted_at
         if time.monotonic() - t0 > timeout_s:
             say(f"  the dishonest node is still trusted after {timeout_s:.0f}s ({closed} epochs closed)")
-            return False
+            return None
         time.sleep(3)
 
 

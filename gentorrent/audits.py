@@ -112,14 +112,16 @@ def receipt_key(receipt: pb.ReplyReceipt) -> bytes:
 
 
 def make_submission(request: pb.GenerateRequest, token_ids: list[int], receipt: pb.ReplyReceipt,
-                    ticket: AuditTicket) -> pb.AuditSubmission:
+                    ticket: AuditTicket, reusable: bool = False) -> pb.AuditSubmission:
     """The submission of one audited ask. The request goes without its request and session
-    ids: the receipt does not cover them, and a session id would link a user's audits."""
+    ids: the receipt does not cover them, and a session id would link a user's audits.
+    `reusable`: the asker lets the committee reuse the ask, rewritten, as a challenge."""
     bare = pb.GenerateRequest()
     bare.CopyFrom(request)
     bare.request_id = ""
     bare.session_id = ""
-    return pb.AuditSubmission(request=bare, token_ids=token_ids, receipt=receipt, secret=ticket.secret)
+    return pb.AuditSubmission(request=bare, token_ids=token_ids, receipt=receipt, secret=ticket.secret,
+                              reusable=reusable)
 
 
 def encode_submission(submission: pb.AuditSubmission, params: AuditParams = AUDITS) -> bytes:
@@ -146,6 +148,7 @@ class CheckedAudit:
     request: pb.GenerateRequest
     token_ids: tuple[int, ...]
     key: bytes
+    reusable: bool = False  # the asker lets the committee reuse it as a challenge (AuditSubmission.reusable)
 
 
 def _decode(data: bytes, params: AuditParams) -> pb.AuditSubmission:
@@ -200,7 +203,8 @@ def check_submission(data: bytes, models: Mapping[bytes, RegisteredModel], windo
         raise AuditError("the secret does not open the commitment the node signed")
     if not is_audited(sub.secret, sub.receipt.prompt_hash, params.rate):
         raise AuditError("this ask was not selected for audit when it was asked")
-    return CheckedAudit(bytes(sub.receipt.node_id), sub.request, tuple(sub.token_ids), receipt_key(sub.receipt))
+    return CheckedAudit(bytes(sub.receipt.node_id), sub.request, tuple(sub.token_ids), receipt_key(sub.receipt),
+                        sub.reusable)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,7 @@ class ReputationParams:
     untrusted_below: float = 0.4
     initial_reputation: float = 1.0
     sticky_untrusted: bool = False  # True: once untrusted, never trusted again (account review)
+    goal_epochs: int = 5  # the paper's goal: a cheater is untrusted within this many epochs
 
 
 REPUTATION = ReputationParams()
@@ -320,6 +321,10 @@ class AuditParams:
     max_submission_bytes: int = 768 * 1024  # encoded AuditSubmission (a prompt is <= 512 KiB); one clove
     max_clock_skew_ms: int = 120_000  # a receipt stamped this far past the desk's clock is refused
     user_enabled: bool = True  # a user node hands its audited asks in (gt-user start --no-audits)
+    # ... and lets the committee reuse them, rewritten, as challenges to other model nodes: prompts
+    # no public corpus holds (gt-user start --no-audit-reuse; THREAT_MODEL.md)
+    user_reusable: bool = True
+    donated_kept: int = 512  # reusable audited asks a member keeps (in memory) to draw challenges from
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:

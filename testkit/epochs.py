@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,7 +41,7 @@ HONEST_TOKENS = [5, 6, 7, 8, 9, 10]
 CHEAT_TOKENS = [900, 901, 902, 903]
 MODEL = "smollm2-135m"
 REPLAYED_TOKENS = [HONEST_TOKENS[i % len(HONEST_TOKENS)] for i in range(20)]  # one long reply, over and over
-BEHAVIOURS = ("honest", "cheat", "down", "replay")
+BEHAVIOURS = ("honest", "cheat", "down", "replay", "reprompt", "lookup")
 
 
 def scripted_pool() -> TrafficPool:
@@ -53,6 +55,23 @@ def scripted_pool() -> TrafficPool:
         convs.append(Conversation(f"d{i}", (("user", f"Summarise this text {i}: " + "lorem ipsum " * 200),)))
         convs.append(Conversation(f"c{i}", (("user", f"Why does this fail?\n```\ndef f{i}():\n    return {i}\n```"),)))
     return TrafficPool.build(convs)
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z]+", text.lower()))
+
+
+@functools.lru_cache(maxsize=1)
+def _public_messages() -> tuple[frozenset[str], ...]:
+    pool = scripted_pool()
+    texts = [*pool.singles, *pool.documents, *pool.code, *(c for s in pool.sessions for r, c in s if r == "user")]
+    return tuple(_words(t) for t in texts)
+
+
+def in_public_pool(text: str, overlap: float = 0.3) -> bool:
+    """A corpus lookup: some public message shares this share of the words (Jaccard)."""
+    asked = _words(text)
+    return any(len(asked & m) / max(1, len(asked | m)) >= overlap for m in _public_messages())
 
 
 class ScriptedReference:
@@ -69,8 +88,12 @@ class ScriptedReference:
 
 
 class ScriptedModels:
-    """Model nodes behind the prober: 'honest', 'cheat' (wrong tokens), 'down' (no reply) or
-    'replay' (the same long, honestly scored reply to every prompt).
+    """Model nodes behind the prober: 'honest', 'cheat' (wrong tokens), 'down' (no reply),
+    'replay' (the same long, honestly scored reply to every prompt), 'reprompt' (honest tokens
+    under a receipt for other sampling parameters: what a node, or a forwarder, that changes the
+    request signs) or 'lookup' (honest when the asked message is found in the public challenge
+    pool, `scripted_pool`, by word overlap, as a node that stored the corpus does; wrong tokens
+    otherwise).
     A node's behaviour may be changed while epochs run (`set`); a node may forward every
     request to another node (`forward`), which then serves and signs it, as the HR-tree does
     when a group member holds the prompt's prefix."""
@@ -104,8 +127,15 @@ class ScriptedModels:
             ident, behaviour = self.nodes.get(to.node_id_hex, (to, "honest"))
         if behaviour == "down":
             raise ProbeFailed("no reply within 1 s")
+        if behaviour == "lookup":
+            behaviour = "honest" if in_public_pool(request.messages[-1].content) else "cheat"
         tokens = {"honest": HONEST_TOKENS, "replay": REPLAYED_TOKENS}.get(behaviour, CHEAT_TOKENS)
-        receipt = receipts.make_receipt(ident, request.model, request, tokens, int(time.time() * 1000))
+        signed = request
+        if behaviour == "reprompt":
+            signed = pb.GenerateRequest()
+            signed.CopyFrom(request)
+            signed.sampling.temperature = 1.5
+        receipt = receipts.make_receipt(ident, request.model, signed, tokens, int(time.time() * 1000))
         return ProbeAnswer(list(tokens), receipt)
 
 

@@ -7,6 +7,7 @@ honest node whose real asks are audited keeps its reputation."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 
@@ -26,7 +27,7 @@ from verifier.epochs.audit_service import service_for
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
 
 
-def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str) -> bytes:
+def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False) -> bytes:
     """One real ask of `node` that its user's draw selected for audit (the node cannot tell)."""
     probe = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL)
     while True:
@@ -36,10 +37,11 @@ def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: 
     request = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL,
                                       temperature=0.0, max_tokens=16, audit_commitment=ticket.commitment)
     receipt = receipts.make_receipt(node, MODEL, request, tokens, int(time.time() * 1000))
-    return audits.make_submission(request, tokens, receipt, ticket).SerializeToString()
+    return audits.make_submission(request, tokens, receipt, ticket, reusable).SerializeToString()
 
 
-async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int]]], acks: list[str]) -> None:
+async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int]]], acks: list[str],
+                 reusable: bool = False) -> None:
     """Users' audits keep arriving at every member, sealed to its audit key from the genesis,
     over its SubmitAudit RPC (what a proxy does: user_client/audit_handoff.py)."""
     members = audits.members_of(Genesis.load(committee.homes[0] / "genesis.json"))
@@ -50,7 +52,7 @@ async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list
     try:
         while True:
             for name, (node, tokens) in asks.items():
-                data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}")
+                data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}", reusable)
                 for member in members.values():
                     sealed = pb.SealedAudit(sealed=audits.seal_for(member, data))
                     ack = await rpc.VerifierStub(channels[member.node_id]).SubmitAudit(sealed, timeout=10)
@@ -69,25 +71,39 @@ def _trusted(committee: EpochCommittee, ident: Identity) -> bool:
         return True
 
 
-async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(tmp_path):
-    models = ScriptedModels()
-    sly = models.add("honest")  # every challenge is answered honestly...
-    honest = models.add("honest")
+@contextlib.asynccontextmanager
+async def _epochs_with_users(tmp_path, models: ScriptedModels, nodes: list[Identity], watched: Identity,
+                             asks: dict[str, tuple[Identity, list[int]]], reusable: bool = False):
+    """Four members, each running an audit desk over the scripted reference; `nodes` registered,
+    users handing in audits of `asks` throughout; yields (committee, the members' acks) once
+    `watched` is untrusted, six epochs closed or 240 s passed."""
     committee = EpochCommittee(tmp_path)
     await committee.start(models)
     for node, runner in zip(committee.nodes, committee.runners):
         runner.audits = node.audits = service_for(node.epoch_host(), ScriptedReference())
     feeding = None
     try:
-        await committee.register(sly, 9001)
-        await committee.register(honest, 9002)
-        # ...but the real asks of its users get wrong tokens
+        for port, ident in enumerate(nodes, 9001):
+            await committee.register(ident, port)
         acks: list[str] = []  # the members' answers ("" = accepted)
-        feeding = asyncio.ensure_future(_users(committee, {"sly": (sly, CHEAT_TOKENS),
-                                                           "honest": (honest, HONEST_TOKENS)}, acks))
+        feeding = asyncio.ensure_future(_users(committee, asks, acks, reusable))
         deadline = time.monotonic() + 240
-        while _trusted(committee, sly) and len(committee.section().history) < 6 and time.monotonic() < deadline:
+        while _trusted(committee, watched) and len(committee.section().history) < 6 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
+        yield committee, acks
+    finally:
+        if feeding is not None:
+            feeding.cancel()
+        await committee.stop()
+
+
+async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(tmp_path):
+    models = ScriptedModels()
+    sly = models.add("honest")  # every challenge is answered honestly...
+    honest = models.add("honest")
+    # ...but the real asks of its users get wrong tokens
+    asks = {"sly": (sly, CHEAT_TOKENS), "honest": (honest, HONEST_TOKENS)}
+    async with _epochs_with_users(tmp_path, models, [sly, honest], sly, asks) as (committee, acks):
         sec = committee.section()
         done = [h for h in sec.history if h.phase == "done"]
         assert not committee.model(sly).trusted, [r.log[-6:] for r in committee.runners]
@@ -95,10 +111,31 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
         assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
         assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
         assert "" in acks and all(r == "" or "registered" in r or "no more audits" in r for r in acks), set(acks)
-    finally:
-        if feeding is not None:
-            feeding.cancel()
-        await committee.stop()
+
+
+@pytest.mark.parametrize("reusable", [False, True])
+async def test_attack_a_node_that_looks_challenges_up_in_the_public_corpus(tmp_path, reusable):
+    """The attack: a node that stored the public corpus answers honestly what it finds there
+    (every corpus challenge: the rewrite does not hide it from a word-overlap lookup) and cheats
+    on the rest; it gets no real asks of its own, so no audit sees it cheat. With challenges drawn
+    from the corpus only (users do not let their audited asks be reused) it stays trusted; with
+    users' donated asks (verifier/epochs/donations.py: prompts no corpus holds, served by another
+    node) its challenges miss the lookup and it is untrusted."""
+    models = ScriptedModels()
+    looker = models.add("lookup")
+    honest = models.add("honest")
+    asks = {"honest": (honest, HONEST_TOKENS)}
+    async with _epochs_with_users(tmp_path, models, [looker, honest], looker, asks, reusable) as (committee, _):
+        notes = [line for r in committee.runners for line in r.log]
+        donated = [line for line in notes if "made of users' donated asks" in line]
+        if reusable:
+            assert not committee.model(looker).trusted, notes[-12:]
+            assert donated and any(not line.split(": ")[1].startswith("0 of") for line in donated), donated
+        else:
+            assert len(committee.section().history) >= 6
+            assert committee.model(looker).trusted and committee.model(looker).reputation == 1.0
+            assert not donated
+        assert committee.model(honest).trusted
 
 
 @pytest.mark.parametrize("mutate, reason", [

@@ -72,9 +72,9 @@ async def test_a_node_that_forwards_its_challenge_is_neither_scored_nor_punished
     """The HR-tree forwards a request to the group member that holds its prefix, and that member
     signs the reply in its own name. The prober used to refuse such a reply ("not signed by the
     probed node"), every member's own probe failed the same way, and the honest forwarder was
-    punished as missing (seen in `make demo`). Now the members attest "forwarded": no score either
-    way, so a node is not blamed for the cheater it forwarded to (that one is caught by its own
-    challenge), and a node that passes its challenges to an honest peer gains nothing. A reply
+    punished as missing (seen in `make demo`). Now the members attest "forwarded": the reply is
+    scored for the member that served and signed it, never for the forwarder, so a node is not
+    blamed for the cheater it forwarded to, and the cheater is scored on what it served. A reply
     signed by a node outside the model group is still no reply at all."""
     models = ScriptedModels()
     cheat = models.add("cheat")
@@ -96,8 +96,34 @@ async def test_a_node_that_forwards_its_challenge_is_neither_scored_nor_punished
         assert not committee.model(cheat).trusted
         assert not committee.model(outsider).trusted  # reported missing, confirmed by the members' own probes
         notes = [line for r in committee.runners for line in r.log]
-        assert any("forwarded its challenge" in line for line in notes), notes[-12:]
+        assert any(f"serving {forwarder.node_id_hex[:12]}'s challenge" in line for line in notes), notes[-12:]
         assert all(not h.faulty_leader for h in sec.history)
+    finally:
+        await committee.stop()
+
+
+async def test_attack_a_node_signing_other_sampling_parameters_cannot_get_the_leader_blamed(tmp_path):
+    """The attack: a node (or a group member it forwards to) answers a challenge under a receipt
+    for other sampling parameters than those asked. The prober posted whatever carried a valid
+    signature, every member then found that the receipt answers another request than the
+    committed one, and the epoch aborted with an honest leader marked faulty -- a model node
+    could have every leader that probes it blamed. Now the prober checks the receipt against the
+    request it sent: such a reply is no reply (reported missing), the members' own probes get the
+    same, and the node is punished, not the leader."""
+    models = ScriptedModels()
+    liar = models.add("reprompt")
+    honest = models.add("honest")
+    committee = EpochCommittee(tmp_path)
+    await committee.start(models)
+    try:
+        for port, ident in enumerate((liar, honest), 9001):
+            await committee.register(ident, port)
+        sec = await committee.wait_epochs(3)
+        assert all(not h.faulty_leader for h in sec.history), [(h.phase, h.reason) for h in sec.history]
+        assert not committee.model(liar).trusted
+        assert committee.model(honest).trusted
+        notes = [line for r in committee.runners for line in r.log]
+        assert any("other sampling parameters" in line for line in notes), notes[-12:]
     finally:
         await committee.stop()
 

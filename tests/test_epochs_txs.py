@@ -125,20 +125,23 @@ def run_to_replies(chain: Chain, replies_for=None) -> tuple[Identity, int, dict]
     return leader, epoch, prompts
 
 
-def private_verdicts(chain: Chain, score: int = 900_000) -> dict[bytes, tuple[int, int]]:
-    """What an honest member attests after checking the leader's private replies (runner._attest)."""
+def private_verdicts(chain: Chain, score: int = 900_000, served: dict[bytes, int] | None = None) -> dict[bytes, tuple]:
+    """What an honest member attests after checking the leader's private replies (runner._attest):
+    (score, verdict[, server]); `served`: the score of each server's reply (else `score`)."""
     out = {}
     for r in chain.section.current.replies:
         if not r.missing:
             full = chain.private[r.node_id]
+            server = full.receipt.node_id
             problem = private_reply_problem(r, full, chain.lookup)
+            mine = (served or {}).get(server, score)
             out[r.node_id] = ((0, epoch_txs.VERDICT_LEADER_FAULTY) if problem is not None else
-                              (0, epoch_txs.VERDICT_FORWARDED) if is_forwarded(full) else (score, 0))
+                              (mine, epoch_txs.VERDICT_FORWARDED, server) if is_forwarded(full) else (mine, 0))
     return out
 
 
-def attest(chain: Chain, members, epoch: int, scores: dict[bytes, tuple[int, int]]) -> list[int]:
-    return chain.block([epoch_txs.attestation(m, epoch, [(n, s, v) for n, (s, v) in scores.items()],
+def attest(chain: Chain, members, epoch: int, scores: dict[bytes, tuple]) -> list[int]:
+    return chain.block([epoch_txs.attestation(m, epoch, [(n, *v) for n, v in scores.items()],
                                               chain.next_seq(m), chain_id=CHAIN) for m in members])
 
 
@@ -361,28 +364,85 @@ def forwarded_reply(probed: Identity, server: Identity, prompt: str) -> pb.Probe
     return reply
 
 
-def test_a_forwarded_challenge_is_not_scored_and_f_members_cannot_frame_its_node(chain):
+def forwarding(to: dict[int, int]):
+    """Replies where MODELS[i]'s challenge was served by MODELS[to[i]] (the rest answer their own)."""
+    def replies_for(prompts):
+        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+        for probed, server in to.items():
+            items[probed] = forwarded_reply(MODELS[probed], MODELS[server], prompts[MODELS[probed].node_id][1])
+        return items
+    return replies_for
+
+
+def test_a_forwarded_challenge_is_scored_for_its_server_and_f_members_cannot_frame_anyone(chain):
     """MODELS[0] forwarded its challenge to MODELS[1], a member of its model group: the reply is
-    genuine (the leader is not faulty) but is no sample of MODELS[0]. Every honest member says
-    "forwarded"; one Byzantine member scoring it 0 cannot punish MODELS[0]."""
+    genuine (the leader is not faulty) and a sample of MODELS[1]'s serving, not of MODELS[0]'s.
+    Every honest member attests "forwarded, served by MODELS[1]"; one Byzantine member scoring it
+    0 for MODELS[0], or naming MODELS[2] as its server, frames neither."""
     register_keys(chain)
 
-    def forward_first(prompts):
-        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
-        items[0] = forwarded_reply(MODELS[0], MODELS[1], prompts[MODELS[0].node_id][1])
-        return items
-
-    leader, epoch, _ = run_to_replies(chain, forward_first)
+    leader, epoch, _ = run_to_replies(chain, forwarding({0: 1}))
     honest = private_verdicts(chain)
-    assert honest[MODELS[0].node_id] == (0, epoch_txs.VERDICT_FORWARDED)
+    assert honest[MODELS[0].node_id] == (900_000, epoch_txs.VERDICT_FORWARDED, MODELS[1].node_id)
     assert honest[MODELS[1].node_id] == (900_000, 0)
-    framing = {**honest, MODELS[0].node_id: (0, epoch_txs.VERDICT_SCORED)}
+    framing = {**honest, MODELS[0].node_id: (0, epoch_txs.VERDICT_FORWARDED, MODELS[2].node_id)}
     assert attest(chain, MEMBERS[:1], epoch, framing) == [0]
     assert attest(chain, MEMBERS[1:3], epoch, honest) == [0, 0]
     summary = chain.section.history[-1]
     assert summary.phase == rules.DONE and not summary.faulty_leader
-    assert {s.node_id for s in summary.result} == {MODELS[1].node_id, MODELS[2].node_id}
+    assert {s.node_id: s.score_micros for s in summary.result} == {MODELS[1].node_id: 900_000,
+                                                                    MODELS[2].node_id: 900_000}
     assert chain.model(MODELS[0]).reputation == 1.0 and chain.model(MODELS[0]).trusted
+
+
+def test_attack_a_cheater_that_serves_forwarded_challenges_is_scored_on_them(chain):
+    """The attack: with rendezvous homes a model group routes a challenge to its prefix's home,
+    so a node's own challenge is mostly served by a peer (2 of 3 in a group of 3, seen in 5 of 8
+    epochs of one `make demo`) and a cheater went unscored in those epochs, while the challenges
+    it served for its peers counted for nobody. Here MODELS[1] (the cheater) has its own challenge
+    forwarded to MODELS[0] and serves MODELS[0]'s badly: it is scored on the reply it signed;
+    MODELS[0] is scored on the one it served; neither is scored for forwarding."""
+    register_keys(chain)
+
+    leader, epoch, _ = run_to_replies(chain, forwarding({0: 1, 1: 0}))
+    honest = private_verdicts(chain, served={MODELS[1].node_id: 20_000})
+    assert attest(chain, MEMBERS[:3], epoch, honest) == [0, 0, 0]
+    summary = chain.section.history[-1]
+    assert summary.phase == rules.DONE and not summary.faulty_leader
+    assert {s.node_id: s.score_micros for s in summary.result} == {
+        MODELS[0].node_id: 900_000, MODELS[1].node_id: 20_000, MODELS[2].node_id: 900_000}
+    assert chain.model(MODELS[1]).reputation < chain.model(MODELS[0]).reputation
+
+
+def test_a_node_serving_its_own_and_a_forwarded_challenge_gets_the_lower_score(chain):
+    register_keys(chain)
+
+    leader, epoch, _ = run_to_replies(chain, forwarding({0: 1}))
+    verdicts = private_verdicts(chain)
+    verdicts[MODELS[0].node_id] = (100_000, epoch_txs.VERDICT_FORWARDED, MODELS[1].node_id)
+    assert attest(chain, MEMBERS[:3], epoch, verdicts) == [0, 0, 0]
+    summary = chain.section.history[-1]
+    assert {s.node_id: s.score_micros for s in summary.result}[MODELS[1].node_id] == 100_000
+
+
+@pytest.mark.parametrize("score", [
+    (500_000, epoch_txs.VERDICT_FORWARDED, b""),  # no server named
+    (500_000, epoch_txs.VERDICT_FORWARDED, b"x" * 31),
+    (500_000, epoch_txs.VERDICT_SCORED, bytes(32)),  # a server named on a reply the node served itself
+])
+def test_a_forwarded_verdict_must_name_its_server_and_only_it_may(chain, score):
+    register_keys(chain)
+    leader, epoch, _ = run_to_replies(chain)
+    verdicts = private_verdicts(chain)
+    verdicts[MODELS[0].node_id] = score
+    before = chain.app.query("/epochs").value
+    with pytest.raises(txs.TxError):
+        epoch_txs.attestation(MEMBERS[0], epoch, [(n, *v) for n, v in verdicts.items()], 1, chain_id=CHAIN)
+    body = epoch_txs.body(MEMBERS[0], chain.next_seq(MEMBERS[0]), "epoch_attestation", pb.EpochAttestation(
+        epoch=epoch, scores=[pb.NodeScore(node_id=n, score_micros=v[0], verdict=v[1], served_by=(v[2:] or [b""])[0])
+                             for n, v in sorted(verdicts.items())]), CHAIN)
+    assert chain.app.check_tx(epoch_txs.sign(MEMBERS[0], body)).code == txs.CODE_INVALID_FIELD
+    assert chain.app.query("/epochs").value == before
 
 
 @pytest.mark.parametrize("signer", ["unregistered", "other model"])

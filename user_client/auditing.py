@@ -76,7 +76,8 @@ class Auditor:
             return False
         if answer.receipt.audit_commitment != ticket.commitment:
             return False  # (the asker checked the receipt; a reply without our commitment is no audit)
-        submission = audits.make_submission(answer.request, answer.token_ids, answer.receipt, ticket)
+        submission = audits.make_submission(answer.request, answer.token_ids, answer.receipt, ticket,
+                                            reusable=self.params.user_reusable)
         try:
             self.outbox.append(audits.encode_submission(submission, self.params))
         except audits.AuditError as exc:
@@ -108,7 +109,8 @@ class Auditor:
         return accepted
 
     def status(self) -> dict:
-        return {"enabled": self.enabled, "rate": self.params.rate, "waiting": len(self.outbox), **self.counts}
+        return {"enabled": self.enabled, "rate": self.params.rate, "reusable": self.params.user_reusable,
+                "waiting": len(self.outbox), **self.counts}
 
 
 class OverlayAuditChannel:

@@ -116,6 +116,8 @@ async def _run_node(args, api_listen: str) -> int:
     check_can_listen(args.listen, "--listen" if args.command == "start" else "--relay-listen")
     stages = Stages(PROG, STAGES)
     audits = conf["audits"] if args.audits else dataclasses.replace(conf["audits"], user_enabled=False)
+    if not args.audit_reuse:
+        audits = dataclasses.replace(audits, user_reusable=False)
     if args.audit_rate is not None:
         audits = dataclasses.replace(audits, rate=args.audit_rate)
     node = UserNode(home, _directory(args), listen=args.listen, region=args.region,
@@ -310,6 +312,11 @@ def _node_options(p: argparse.ArgumentParser) -> None:
                    help="hand a random share of this node's asks (prompt, reply, the node's receipt) to the "
                         "committee, anonymously, to check model nodes on real traffic (--no-audits: never; "
                         "config.toml [audits] user_enabled = false does the same)")
+    p.add_argument("--audit-reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the committee reuse this node's audited asks, rewritten and without any id, as "
+                        "challenges to other model nodes: prompts no public corpus holds, so a cheater cannot "
+                        "look challenges up (--no-audit-reuse: audits are only scored; config.toml [audits] "
+                        "user_reusable = false does the same)")
     p.add_argument("--audit-rate", type=float_in(0, 1), default=None, metavar="R",
                    help="the committee's audit rate, when it runs another than the default (config.toml "
                         "[audits] rate does the same); a higher rate than the committee's only wastes work")

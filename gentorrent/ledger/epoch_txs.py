@@ -18,7 +18,7 @@ derived from it is bit-identical on every member.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from gentorrent.config import EPOCHS
 from gentorrent.crypto.keys import Identity
@@ -27,7 +27,7 @@ from gentorrent.ledger.signed_tx import CODE_INVALID_FIELD, TxError, body, sign
 
 __all__ = ["member_keys", "vrf_proof", "plan", "replies", "attestation", "probe_report", "audit_report", "validate",
            "SCORE_SCALE", "VERDICT_SCORED", "VERDICT_PROMPT_MISMATCH", "VERDICT_UNSCORABLE", "VERDICT_LEADER_FAULTY",
-           "VERDICT_FORWARDED", "to_micros"]
+           "VERDICT_FORWARDED", "Verdict", "to_micros"]
 
 SCORE_SCALE = 1_000_000
 VERDICT_SCORED = 0
@@ -36,11 +36,21 @@ VERDICT_UNSCORABLE = 2  # this member's reference model could not score it (no v
 VERDICT_LEADER_FAULTY = 3  # the leader's private copy of the reply does not open its public digest,
 # or carries a receipt the node did not sign (verifier.epochs.reply_commitments)
 VERDICT_FORWARDED = 4  # the node forwarded the challenge to a member of its model group, which served and
-# signed it: a genuine reply, but not a sample of the probed node's serving (no score, no punishment)
+# signed it: a genuine reply, but a sample of the server's serving, not of the probed node's (it is scored
+# for the server, named in served_by; the probed node gets no score and no punishment)
 _VERDICTS = (VERDICT_SCORED, VERDICT_PROMPT_MISMATCH, VERDICT_UNSCORABLE, VERDICT_LEADER_FAULTY, VERDICT_FORWARDED)
 DIGEST_BYTES = 32
 NODE_ID_BYTES = 32
 MAX_REASON_CHARS = 200
+
+
+class Verdict(NamedTuple):
+    """One member's verdict on one posted reply (what an attestation carries per reply)."""
+
+    node_id: bytes  # the probed node
+    score_micros: int
+    verdict: int
+    served_by: bytes = b""  # VERDICT_FORWARDED: the group member that served and signed the reply
 
 
 def to_micros(score: float) -> int:
@@ -77,11 +87,13 @@ def replies(identity: Identity, epoch: int, items: Sequence[pb.ProbeReply], sequ
     return _build(identity, sequence, "epoch_replies", msg, chain_id)
 
 
-def attestation(identity: Identity, epoch: int, scores: Sequence[tuple[bytes, int, int]], sequence: int, *,
+def attestation(identity: Identity, epoch: int, scores: Sequence[tuple], sequence: int, *,
                 chain_id: str) -> bytes:
-    """`scores`: (model node id, score micros, verdict)."""
-    msg = pb.EpochAttestation(epoch=epoch, scores=[pb.NodeScore(node_id=n, score_micros=s, verdict=v)
-                                                   for n, s, v in sorted(scores)])
+    """`scores`: Verdicts, or tuples (model node id, score micros, verdict[, served_by])."""
+    verdicts = sorted(Verdict(*s) for s in scores)
+    msg = pb.EpochAttestation(epoch=epoch, scores=[pb.NodeScore(node_id=v.node_id, score_micros=v.score_micros,
+                                                                verdict=v.verdict, served_by=v.served_by)
+                                                   for v in verdicts])
     return _build(identity, sequence, "epoch_attestation", msg, chain_id)
 
 
@@ -154,7 +166,11 @@ def validate(kind: str, m) -> None:
         _check_ids_sorted_unique([s.node_id for s in m.scores], "attestation")
         for s in m.scores:
             if s.score_micros > SCORE_SCALE or s.verdict not in _VERDICTS:
-                raise _bad("score_micros must be <= 1e6 and verdict one of 0, 1, 2, 3")
+                raise _bad(f"score_micros must be <= 1e6 and verdict one of {', '.join(map(str, _VERDICTS))}")
+            if s.verdict == VERDICT_FORWARDED and (len(s.served_by) != NODE_ID_BYTES or s.served_by == s.node_id):
+                raise _bad(f"a forwarded verdict names the {NODE_ID_BYTES}-byte id of the member that served it")
+            if s.verdict != VERDICT_FORWARDED and s.served_by:
+                raise _bad("only a forwarded verdict names who served the reply")
     elif kind == "epoch_probe_report":
         if len(m.node_id) != NODE_ID_BYTES:
             raise _bad(f"node ids are {NODE_ID_BYTES} bytes")
@@ -162,7 +178,7 @@ def validate(kind: str, m) -> None:
         if not m.scores or len(m.scores) > EPOCHS.max_probed_nodes:
             raise _bad(f"an audit report scores 1 to {EPOCHS.max_probed_nodes} nodes")
         _check_ids_sorted_unique([s.node_id for s in m.scores], "audit report")
-        if any(s.score_micros > SCORE_SCALE or s.verdict != VERDICT_SCORED for s in m.scores):
+        if any(s.score_micros > SCORE_SCALE or s.verdict != VERDICT_SCORED or s.served_by for s in m.scores):
             raise _bad("audit scores are scored (verdict 0) micros <= 1e6")
         if len(m.receipts_digest) != 32:
             raise _bad("the receipts digest is a 32-byte SHA-256")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from gentorrent.config import MODEL_NODE, TRAFFIC, USER_API, TrafficParams
@@ -105,6 +105,24 @@ class ChatRequest:
             raise TrafficError(f"malformed request: {exc}") from exc
         request.check(params)
         return request
+
+    @classmethod
+    def from_wire(cls, request: pb.GenerateRequest, params: TrafficParams = TRAFFIC) -> "ChatRequest":
+        """The chat request a wire request carries (a donated audit's: verifier/epochs/donations.py),
+        without its session id; TrafficError for a raw prompt or anything out of bounds."""
+        if not request.messages:
+            raise TrafficError("a raw prompt is no chat request")
+        s = request.sampling
+        chat = cls(tuple((m.role, m.content) for m in request.messages), round(float(s.temperature), 4),
+                   round(float(s.top_p), 4), int(s.max_tokens), bool(request.stream))
+        chat.check(params)
+        return chat
+
+    def with_session(self, rng: random.Random) -> "ChatRequest":
+        """A fresh session id when the request carries history (as user nodes send follow-ups), else none."""
+        users = sum(role == "user" for role, _ in self.messages)
+        session = "%0*x" % (SESSION_ID_HEX, rng.getrandbits(4 * SESSION_ID_HEX)) if users > 1 else ""
+        return replace(self, session_id=session)
 
     def check(self, params: TrafficParams = TRAFFIC) -> None:
         if not self.messages or self.messages[-1][0] != "user":
@@ -238,8 +256,6 @@ def draw(rng: random.Random, pool: TrafficPool, params: TrafficParams = TRAFFIC)
     client = _weighted(rng, params.client_weights)
     messages = _messages(shape, pool, rng)
     sampling = _client(client, rng, params)
-    users = sum(role == "user" for role, _ in messages)
-    session = "%0*x" % (SESSION_ID_HEX, rng.getrandbits(4 * SESSION_ID_HEX)) if users > 1 else ""
-    request = ChatRequest(messages, session_id=session, **sampling)
+    request = ChatRequest(messages, **sampling).with_session(rng)
     request.check(params)
     return Drawn(shape, client, request)

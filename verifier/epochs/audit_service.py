@@ -22,7 +22,9 @@ from gentorrent import audits
 from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
 from gentorrent.ledger.epoch_txs import SCORE_SCALE
 from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.traffic.model import ChatRequest, TrafficError
 from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility, audit_score
+from verifier.epochs.donations import DonatedPool, Donation
 from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class AuditService:
         self.results: dict[int, dict[bytes, dict[bytes, float]]] = {}  # epoch -> node -> receipt key -> score
         self._unreported: dict[bytes, tuple[bytes, float]] = {}  # receipt key -> (node, score), since the last report
         self._backlog: list[audits.CheckedAudit] = []  # sampled by the previous desk, not scored yet
+        self.donations = DonatedPool(params)  # reusable audited asks, for this member's challenges
 
     def _roll(self) -> None:
         current = self.epoch()
@@ -94,12 +97,21 @@ class AuditService:
             desk, checked = self.desk.admit(data, channel, self.models(), self.window())
         except AuditRefused as exc:
             return pb.AuditAck(accepted=False, reason=str(exc))
+        if checked.reusable:
+            self._donate(checked)
         kept = {a.key for a in desk.sample[checked.node_id]}
         for audit in self.desk.sample.get(checked.node_id, ()):
             if audit.key not in kept:  # ranked out of the sample: its score, if any, no longer counts
                 self._forget(audit)
         self.desk = desk
         return pb.AuditAck(accepted=True)
+
+    def _donate(self, audit: audits.CheckedAudit) -> None:
+        try:
+            request = ChatRequest.from_wire(audit.request)
+        except TrafficError:
+            return  # a raw prompt, or out of a challenge's bounds: scored, never reused
+        self.donations.add(Donation(audit.key, audit.node_id, audit.request.model, request))
 
     def _forget(self, audit: audits.CheckedAudit) -> None:
         self._unreported.pop(audit.key, None)

@@ -42,6 +42,7 @@ __all__ = [
     "check_plan",
     "check_reveals",
     "draw_challenge",
+    "donated_challenge",
     "unique_questions",
 ]
 
@@ -228,10 +229,24 @@ def draw_challenge(pool: TrafficPool, seed: bytes, node_id: str, attempt: int = 
                    params: TrafficParams = TRAFFIC) -> ChatRequest:
     """The challenge for (leader's private seed, node, attempt) (gentorrent.traffic.challenge);
     ChallengeError when the draw falls out of bounds (the shell redraws)."""
+    return _in_bounds(traffic_challenge.draw_challenge, pool, seed, node_id, attempt, temperature, max_tokens_cap,
+                      params)
+
+
+def donated_challenge(donated: ChatRequest, seed: bytes, node_id: str, attempt: int = 0,
+                      temperature: float | None = None, max_tokens_cap: int | None = None,
+                      params: TrafficParams = TRAFFIC) -> ChatRequest:
+    """The challenge made of a user's donated audited ask (gentorrent.traffic.challenge,
+    verifier/epochs/donations.py); ChallengeError when it falls out of bounds."""
+    return _in_bounds(traffic_challenge.donated_challenge, donated, seed, node_id, attempt, temperature,
+                      max_tokens_cap, params)
+
+
+def _in_bounds(make, *args) -> ChatRequest:
     try:
-        return traffic_challenge.draw_challenge(pool, seed, node_id, attempt, temperature, max_tokens_cap, params)
+        return make(*args)
     except TrafficError as exc:
-        raise ChallengeError(f"drawn challenge out of bounds: {exc}") from exc
+        raise ChallengeError(f"challenge out of bounds: {exc}") from exc
 
 
 def unique_questions(requests: Mapping[str, ChatRequest]) -> bool:

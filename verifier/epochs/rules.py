@@ -44,6 +44,7 @@ the committee: the epoch aborts and the next one elects a new leader.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Mapping, Protocol
 
@@ -263,11 +264,13 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
     """The quorum's agreed scores: medians, disagreement marks, prompt-alteration check.
 
     A reply more than N/3 of the members call forwarded (served and signed by another node of
-    the group: reply_commitments) gets no score: the check is deterministic, so every honest
-    member says so, and f Byzantine members scoring it anyway cannot frame the probed node."""
+    the group: reply_commitments) is scored for the member that served it, named by more than
+    N/3 of the members, never for the probed node: the check is deterministic, so every honest
+    member names the same server, and f Byzantine members can neither name another one nor
+    frame the probed node. Without it, a node was scored only by the challenges routed to it as
+    their prefix home: about one epoch in g for a group of g members."""
     cur = sec.current
     n = len(view.validators)
-    tolerance = int(round(EPOCHS.score_tolerance * SCORE_SCALE))
     result, mismatched, unsigned = [], [], []
     for i, reply in enumerate(r for r in cur.replies if not r.missing):
         votes = [a.scores[i] for a in cur.attestations]
@@ -275,18 +278,13 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
             unsigned.append(reply.node_id.hex()[:16])
         elif 3 * sum(1 for v in votes if v.verdict in (VERDICT_PROMPT_MISMATCH, VERDICT_LEADER_FAULTY)) > n:
             mismatched.append(reply.node_id.hex()[:16])
-        if 3 * sum(1 for v in votes if v.verdict == VERDICT_FORWARDED) > n:
+        forwarded = [v for v in votes if v.verdict == VERDICT_FORWARDED]
+        if 3 * len(forwarded) > n:
+            server = _named_server(forwarded, n)
+            if server is not None:
+                _agree_score(sec, i, pb.NodeScore(node_id=server, verdict=VERDICT_FORWARDED, served_by=server), result)
             continue
-        scored = sorted(v.score_micros for v in votes if v.verdict == VERDICT_SCORED)
-        if scored:
-            median = scored[(len(scored) - 1) // 2]
-            result.append(pb.NodeScore(node_id=reply.node_id, score_micros=median, verdict=VERDICT_SCORED))
-            for a in cur.attestations:
-                v = a.scores[i]
-                if v.verdict == VERDICT_SCORED and abs(v.score_micros - median) > tolerance:
-                    member = _member(sec, a.public_key)
-                    if member is not None:
-                        member.disagreements += 1
+        _agree_score(sec, i, pb.NodeScore(node_id=reply.node_id, verdict=VERDICT_SCORED), result)
     if unsigned:
         _abort(cur, faulty=True, reason=f"the leader's private replies of {unsigned[:REASONS_LISTED]} ({len(unsigned)} "
                                         "in all) do not open its public digests or their node did not sign them")
@@ -297,6 +295,32 @@ def _agree(view: StateView, sec: pb.EpochsSection) -> None:
     cur.result.extend(result)
     _enter(view, cur, RESOLVING)
     _maybe_settle(view, sec)
+
+
+def _named_server(forwarded: list, committee_size: int) -> bytes | None:
+    """The server more than N/3 of the members name (one, as honest members agree), or None."""
+    counts = Counter(v.served_by for v in forwarded)
+    named = sorted(server for server, c in counts.items() if 3 * c > committee_size)
+    return named[0] if len(named) == 1 else None
+
+
+def _agree_score(sec: pb.EpochsSection, i: int, agreed: pb.NodeScore, result: list[pb.NodeScore]) -> None:
+    """Into result: `agreed` with the median score of the members' votes on reply i that share
+    its verdict and server; a member more than the tolerance off the median is marked."""
+    cur = sec.current
+    tolerance = int(round(EPOCHS.score_tolerance * SCORE_SCALE))
+    votes = [(a, a.scores[i]) for a in cur.attestations]
+    votes = [(a, v) for a, v in votes if v.verdict == agreed.verdict and v.served_by == agreed.served_by]
+    if not votes:
+        return
+    scored = sorted(v.score_micros for _, v in votes)
+    agreed.score_micros = scored[(len(scored) - 1) // 2]
+    result.append(agreed)
+    for a, v in votes:
+        if abs(v.score_micros - agreed.score_micros) > tolerance:
+            member = _member(sec, a.public_key)
+            if member is not None:
+                member.disagreements += 1
 
 
 def _record(view: StateView, sec: pb.EpochsSection) -> EpochRecord:
@@ -392,7 +416,9 @@ def _open(view: StateView, sec: pb.EpochsSection, epoch: int, seed: bytes) -> No
 
 def _credibilities(view: StateView, sec: pb.EpochsSection) -> dict[bytes, float]:
     cur = sec.current
-    out = {s.node_id: s.score_micros / SCORE_SCALE for s in cur.result}
+    out: dict[bytes, float] = {}
+    for s in cur.result:  # a node may serve its own challenge and a peer's: the lower counts
+        out[s.node_id] = min(out.get(s.node_id, 1.0), s.score_micros / SCORE_SCALE)
     rec = _record(view, sec)
     for r in cur.replies:
         if r.missing and node_decision(rec, r.node_id.hex()) == "punish":

@@ -5,10 +5,11 @@ of each phase, once, by submitting signed epoch transactions to its own node:
 
     no keys yet    register the VRF and X25519 keys (epoch_member_keys)
     electing       post this member's ECVRF proof for the epoch
-    planning       (leader) draw one request per model node from the traffic model (real user
-                   conversations, shaped and sampled as clients send them, rewritten), send the
-                   plain requests privately to every other member (Private RPC), then commit
-                   to them (epoch_plan)
+    planning       (leader) one request per model node: a user's donated audited ask where its
+                   audit desk holds one the node may get (verifier/epochs/donations.py), else a
+                   draw from the traffic model (real user conversations, shaped and sampled as
+                   clients send them); rewritten either way. Send the plain requests privately
+                   to every other member (Private RPC), then commit to them (epoch_plan)
     probing        (leader) ask every node its question through the anonymous overlay as an
                    ordinary user node, send the signed replies privately to every other member
                    and post only their digests (or missing reports)
@@ -16,7 +17,8 @@ of each phase, once, by submitting signed epoch transactions to its own node:
                    of the users' audits it scored since its last report (epoch_audit_report);
                    then check the leader's private copy of every reply against its public digest
                    and the signer's key (the node, or the group member it forwarded the
-                   challenge to: such a reply is attested "forwarded", unscored), re-score it
+                   challenge to: such a reply is attested "forwarded" and scored for that
+                   member, never for the probed node), re-score it
                    with this member's reference model (with the request's own sampling
                    parameters) after checking that the signed receipt covers the committed
                    request (epoch_attestation)
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import secrets
@@ -53,8 +56,8 @@ from verifier.epochs import rules
 from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.sections import decode_directory
 from verifier.epochs import vrf
-from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, draw_challenge, prompt_key,
-                                        select_probe_set, verify_reveal)
+from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, donated_challenge, draw_challenge,
+                                        prompt_key, select_probe_set, verify_reveal)
 from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
 from verifier.epochs.reply_commitments import (is_forwarded, node_lookup, private_reply_problem, public_reply,
                                                signature_problem)
@@ -140,6 +143,17 @@ class RunnerHost:
     query: Callable[[str], tuple[int, bytes]]  # committed-state query: (code, value)
     submit: Callable[[bytes], Awaitable[tuple[int, str]]]
     send_private: Callable[[bytes, bytes], Awaitable[bool]]  # (member public key, payload)
+
+
+
+def _claim(taken: set[str], questions: dict[str, ChatRequest], node: str, request: ChatRequest) -> bool:
+    """Give `node` this question unless another node's has the same text; True if given."""
+    key = prompt_key(request.text)
+    if key in taken:
+        return False
+    taken.add(key)
+    questions[node] = request
+    return True
 
 
 class EpochRunner:
@@ -315,10 +329,34 @@ class EpochRunner:
                                              self.params.challenge_max_tokens)
                 except ChallengeError:
                     continue
-                if prompt_key(request.text) not in taken:
-                    taken.add(prompt_key(request.text))
-                    out[node_id] = request
+                if _claim(taken, out, node_id, request):
                     break
+        return out
+
+    def _donated(self, epoch: int, seed: bytes, questions: dict[str, ChatRequest]) -> dict[str, ChatRequest]:
+        """Each node's challenge made of a user's donated audited ask where this member's desk
+        holds one it may use (verifier/epochs/donations.py), else the corpus draw. Only the leader
+        takes them (every member prepares corpus draws; a donation is used once)."""
+        if self.audits is None or not len(self.audits.donations):
+            return questions
+        models = self._models()
+        out = dict(questions)
+        taken = {prompt_key(q.text) for q in out.values()}
+        for node in sorted(out):
+            entry = models.get(node)
+            pick = int.from_bytes(hashlib.sha256(b"gentorrent/donation-pick" + seed + node.encode()).digest()[:8],
+                                  "big")
+            donation = None if entry is None else self.audits.donations.take(bytes.fromhex(node), entry.model, pick)
+            if donation is None:
+                continue
+            try:
+                request = donated_challenge(donation.request, seed, node, 0, self.params.challenge_temperature,
+                                            self.params.challenge_max_tokens)
+            except ChallengeError:
+                continue
+            _claim(taken, out, node, request)
+        used = sum(1 for n in out if out[n] is not questions.get(n))
+        self._note(f"epoch {epoch}: {used} of {len(out)} challenges made of users' donated asks")
         return out
 
     async def _prepare(self, epoch: int) -> bool:
@@ -344,6 +382,7 @@ class EpochRunner:
                 break
             taken = {prompt_key(q.text) for q in questions.values()}
             questions.update(await self._questions(seed + b"late" + bytes([round_]), missing, taken))
+        questions = self._donated(epoch, seed, questions)
         reveals = [Reveal(n, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), questions[n])
                    for n in chosen if n in questions and n not in self.faults.omit]
         self._reveals[epoch] = {r.node_id: r for r in reveals}
@@ -420,6 +459,9 @@ class EpochRunner:
                                     node_lookup(self._models()))
         if problem is not None:
             raise ProbeFailed(problem)
+        if not receipt_matches_request(answer.receipt, request):  # else the members find the mismatch
+            # and blame the leader that posted it: a node could have every leader that probes it blamed
+            raise ProbeFailed("the signed receipt is for another prompt or other sampling parameters")
         return answer
 
     # ------------------------------------------------------------------ attesting
@@ -463,23 +505,24 @@ class EpochRunner:
                     not receipt_matches_request(full.receipt, request):
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_PROMPT_MISMATCH))
                 continue
-            if is_forwarded(full):
-                self._note(f"epoch {epoch}: {node[:12]} forwarded its challenge to "
-                           f"{full.receipt.node_id.hex()[:12]}: not scored")
-                scores.append((r.node_id, 0, epoch_txs.VERDICT_FORWARDED))
-                continue
+            server = full.receipt.node_id.hex()
+            forwarded = is_forwarded(full)
             sampling = SamplingSpec(reveal.request.temperature, reveal.request.top_p)
             try:
                 report = score_reply(await self.reference.score(request, list(full.token_ids)), sampling)
             except (ScoringError, RuntimeError) as exc:
-                self._note(f"epoch {epoch}: cannot score {node[:12]}: {exc}")
+                self._note(f"epoch {epoch}: cannot score {server[:12]}: {exc}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
-            cred = self.outputs.judge(node, full.receipt.prompt_hash, full.receipt.output_hash, sampling.temperature,
+            cred = self.outputs.judge(server, full.receipt.prompt_hash, full.receipt.output_hash, sampling.temperature,
                                       report.n_tokens, report.credibility)
-            scores.append((r.node_id, epoch_txs.to_micros(cred), epoch_txs.VERDICT_SCORED))
+            # a forwarded reply is the server's sample, not the probed node's (rules._agree)
+            scores.append(epoch_txs.Verdict(r.node_id, epoch_txs.to_micros(cred),
+                                            epoch_txs.VERDICT_FORWARDED if forwarded else epoch_txs.VERDICT_SCORED,
+                                            full.receipt.node_id if forwarded else b""))
             replayed = " (output replayed from another prompt)" if cred != report.credibility else ""
-            self._note(f"epoch {epoch}: {node[:12]} credibility {cred:.3f}{replayed} "
+            via = f" (serving {node[:12]}'s challenge, forwarded to it)" if forwarded else ""
+            self._note(f"epoch {epoch}: {server[:12]} credibility {cred:.3f}{replayed}{via} "
                        f"(1/ppl {report.inv_ppl:.3f}, z {dict((k, round(v, 1)) for k, v in report.z.items())})")
         ident = self.host.identity
         return await self._submit(lambda s, c: epoch_txs.attestation(ident, epoch, scores, s, chain_id=c),
