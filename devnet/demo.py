@@ -88,7 +88,8 @@ def reputation_table(state: devnet.DevnetState) -> list[dict]:
         rows.append({"name": m.name, "node_id": m.node_id, "dishonest": bool(m.extra.get("dishonest")),
                      "cheat": m.extra.get("cheat", ""),
                      "reputation": record.reputation if record else None,
-                     "trusted": record.trusted if record else None, "height": directory.height})
+                     "trusted": record.trusted if record else None, "height": directory.height,
+                     "registered_height": record.registered_height if record else None})
     return rows
 
 
@@ -131,8 +132,9 @@ def epochs_running(state: devnet.DevnetState) -> bool:
 
 
 def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, int] | None:
-    """Watch the verifiers' epochs until every dishonest node is untrusted; then the epoch after
-    which each was first seen untrusted (name -> epoch), else None.
+    """Watch the verifiers' epochs until every dishonest node is untrusted; then, per cheater, how
+    many epochs that opened after it registered had closed when it was first seen untrusted
+    (name -> count; the paper's goal: REPUTATION.goal_epochs), else None.
 
     The verifiers run epochs by themselves (gt-verifier start --epochs: VRF leader, challenges
     through the overlay, scoring with the reference engine, reputation update in FinalizeBlock);
@@ -146,7 +148,8 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
     names = {m.node_id: m.name for m in state.of_role("model")}
     cheaters = {m.node_id for m in state.of_role("model") if m.extra.get("dishonest")}
     t0, closed, phase = time.monotonic(), 0, ""
-    untrusted_at: dict[str, int] = {}
+    untrusted_at: dict[str, int] = {}  # name -> the last closed epoch when first seen untrusted
+    closed_at: dict[int, int] = {}  # epoch -> the height it closed at (the next one opened there)
     while True:
         rows = reputation_table(state)  # before the section: an epoch closing in between counts late, never early
         section = epochs_section(state)
@@ -156,6 +159,7 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
                 say(f"  [{time.monotonic() - t0:4.0f}s] {now_phase}")
                 phase = now_phase
             for summary in section.history:
+                closed_at[summary.epoch] = summary.closed_height
                 if summary.epoch > closed:
                     closed = summary.epoch
                     _say_epoch(summary, names, reputation_table(state))
@@ -163,11 +167,14 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
             if r["node_id"] in cheaters and r["trusted"] is False:
                 untrusted_at.setdefault(r["name"], closed)
         if cheaters and all(r["trusted"] is False for r in rows if r["node_id"] in cheaters):
+            joined = {r["name"]: r["registered_height"] for r in rows}
+            epochs = {name: sum(1 for e in range(1, epoch + 1) if closed_at.get(e - 1, 0) >= joined[name])
+                      for name, epoch in untrusted_at.items()}
             goal = REPUTATION.goal_epochs
-            say("  untrusted after epoch: " + ", ".join(
-                f"{name} {epoch}{'' if epoch <= goal else f' (goal: within {goal})'}"
-                for name, epoch in sorted(untrusted_at.items())))
-            return untrusted_at
+            say("  untrusted: " + ", ".join(
+                f"{name} after epoch {untrusted_at[name]}, {n} epoch(s) after it registered"
+                f"{'' if n <= goal else f' (goal: within {goal})'}" for name, n in sorted(epochs.items())))
+            return epochs
         if time.monotonic() - t0 > timeout_s:
             say(f"  the dishonest node is still trusted after {timeout_s:.0f}s ({closed} epochs closed)")
             return None
