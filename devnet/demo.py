@@ -62,8 +62,11 @@ FORWARD_QUESTIONS = ("When does the library open?", "How many books may I borrow
 FORWARD_BRANCHES = 16  # prefixes tried for one whose rendezvous home is one of the chosen pair
 #: gossip rounds (ROUTING.gossip_interval_s each) to wait before the second ask of the prefix
 FORWARD_GOSSIP_ROUNDS = 2
-#: how long the demo watches the epochs (the paper: a cheater is untrusted within 5 epochs)
-VERIFY_TIMEOUT_S = 420.0
+#: how long the demo watches the epochs (the paper: a cheater is untrusted within 5 epochs). On
+#: 2 shared cores an epoch takes about 2 minutes: the four members score every challenge reply
+#: (forwarded ones too, for the node that served them) on one shared reference engine, and the
+#: cheater is sampled only in the epochs a challenge is routed to it (THREAT_MODEL.md)
+VERIFY_TIMEOUT_S = 900.0
 
 
 def say(text: str = "") -> None:
