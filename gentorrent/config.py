@@ -325,6 +325,9 @@ class AuditParams:
     # no public corpus holds (gt-user start --no-audit-reuse; THREAT_MODEL.md)
     user_reusable: bool = True
     donated_kept: int = 512  # reusable audited asks a member keeps (in memory) to draw challenges from
+    # ... those that ask for at least this many tokens: a challenge keeps its asker's max_tokens, and
+    # shorter replies give the scoring tests too little to go on (a 16-token replay scored 1.0)
+    donated_min_tokens: int = EPOCHS.challenge_max_tokens
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gentorrent import audits, generation, receipts
-from gentorrent.config import REPUTATION
+from gentorrent.config import AUDITS, REPUTATION
 from gentorrent.crypto.keys import Identity
 from gentorrent.crypto import tls
 from gentorrent.ledger.genesis import Genesis
@@ -28,14 +28,16 @@ pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
 
 
 def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False) -> bytes:
-    """One real ask of `node` that its user's draw selected for audit (the node cannot tell)."""
+    """One real ask of `node` that its user's draw selected for audit (the node cannot tell); a
+    reusable one asks for as many tokens as a donation needs (AuditParams.donated_min_tokens)."""
     probe = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL)
     while True:
         ticket = audits.AuditTicket(rng.randbytes(32))
         if ticket.selects(probe):
             break
-    request = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL,
-                                      temperature=0.0, max_tokens=16, audit_commitment=ticket.commitment)
+    request = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL, temperature=0.0,
+                                      max_tokens=AUDITS.donated_min_tokens if reusable else 16,
+                                      audit_commitment=ticket.commitment)
     receipt = receipts.make_receipt(node, MODEL, request, tokens, int(time.time() * 1000))
     return audits.make_submission(request, tokens, receipt, ticket, reusable).SerializeToString()
 

@@ -84,8 +84,9 @@ def test_only_chat_requests_in_a_challenges_bounds_come_from_the_wire():
         ChatRequest.from_wire(wire)
 
 
-def _submission(node: Identity, rng: random.Random, text: str, reusable: bool, raw: bool = False) -> bytes:
-    kwargs = dict(model=MODEL, temperature=0.5, max_tokens=16)
+def _submission(node: Identity, rng: random.Random, text: str, reusable: bool, raw: bool = False,
+                max_tokens: int = AUDITS.donated_min_tokens) -> bytes:
+    kwargs = dict(model=MODEL, temperature=0.5, max_tokens=max_tokens)
     probe = generation.make_request(text, **kwargs) if raw else \
         generation.make_request(messages=[{"role": "user", "content": text}], **kwargs)
     while True:
@@ -105,6 +106,8 @@ def test_only_asks_their_users_let_be_reused_reach_the_pool():
     rng = random.Random(3)
     assert service.submit(_submission(node, rng, "Kept private, please.", reusable=False), "a").accepted
     assert service.submit(_submission(node, rng, "A raw prompt.", reusable=True, raw=True), "a").accepted
+    short = _submission(node, rng, "Too short a reply.", reusable=True, max_tokens=AUDITS.donated_min_tokens - 1)
+    assert service.submit(short, "a").accepted
     assert len(service.donations) == 0  # scored like any audit, never reused
     reused = _submission(node, rng, "Reuse this one.", reusable=True)
     assert service.submit(reused, "a").accepted

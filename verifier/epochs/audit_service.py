@@ -111,6 +111,8 @@ class AuditService:
             request = ChatRequest.from_wire(audit.request)
         except TrafficError:
             return  # a raw prompt, or out of a challenge's bounds: scored, never reused
+        if request.max_tokens < self.params.donated_min_tokens:
+            return  # too short a reply to challenge with: scored, never reused
         self.donations.add(Donation(audit.key, audit.node_id, audit.request.model, request))
 
     def _forget(self, audit: audits.CheckedAudit) -> None:

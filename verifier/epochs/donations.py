@@ -6,7 +6,9 @@ let the committee reuse it (`AuditSubmission.reusable`) is a real user's prompt 
 corpus holds, with a real client's sampling: made into a challenge (rewritten, fresh session id:
 `gentorrent.traffic.challenge.donated_challenge`) it is exactly what a node cannot look up.
 
-Rules, each against a way a node could still recognise one:
+Only asks for at least `AuditParams.donated_min_tokens` tokens are kept (audit_service): the
+challenge keeps its asker's max_tokens, and a short reply gives the scoring tests nothing to
+go on. Rules, each against a way a node could still recognise one:
 - never to the node that served the original ask (it saw the prompt), and preferably to a node
   of another model (the original server's group peers may share its logs);
 - used once, then gone (a repeat would tell a node "seen before: a challenge");
