@@ -22,9 +22,8 @@ from gentorrent import audits
 from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
 from gentorrent.ledger.epoch_txs import SCORE_SCALE
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.traffic.model import ChatRequest, TrafficError
 from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility, audit_score
-from verifier.epochs.donations import DonatedPool, Donation
+from verifier.epochs.donations import DonatedPool, donation_of
 from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
@@ -97,23 +96,15 @@ class AuditService:
             desk, checked = self.desk.admit(data, channel, self.models(), self.window())
         except AuditRefused as exc:
             return pb.AuditAck(accepted=False, reason=str(exc))
-        if checked.reusable:
-            self._donate(checked)
+        donation = donation_of(checked, self.params)
+        if donation is not None:
+            self.donations.add(donation)
         kept = {a.key for a in desk.sample[checked.node_id]}
         for audit in self.desk.sample.get(checked.node_id, ()):
             if audit.key not in kept:  # ranked out of the sample: its score, if any, no longer counts
                 self._forget(audit)
         self.desk = desk
         return pb.AuditAck(accepted=True)
-
-    def _donate(self, audit: audits.CheckedAudit) -> None:
-        try:
-            request = ChatRequest.from_wire(audit.request)
-        except TrafficError:
-            return  # a raw prompt, or out of a challenge's bounds: scored, never reused
-        if request.max_tokens < self.params.donated_min_tokens:
-            return  # too short a reply to challenge with: scored, never reused
-        self.donations.add(Donation(audit.key, audit.node_id, audit.request.model, request))
 
     def _forget(self, audit: audits.CheckedAudit) -> None:
         self._unreported.pop(audit.key, None)

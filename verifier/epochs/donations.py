@@ -6,7 +6,7 @@ let the committee reuse it (`AuditSubmission.reusable`) is a real user's prompt 
 corpus holds, with a real client's sampling: made into a challenge (rewritten, fresh session id:
 `gentorrent.traffic.challenge.donated_challenge`) it is exactly what a node cannot look up.
 
-Only asks for at least `AuditParams.donated_min_tokens` tokens are kept (audit_service): the
+Only chat asks for at least `AuditParams.donated_min_tokens` tokens are kept (`donation_of`): the
 challenge keeps its asker's max_tokens, and a short reply gives the scoring tests nothing to
 go on. Rules, each against a way a node could still recognise one:
 - never to the node that served the original ask (it saw the prompt), and preferably to a node
@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from gentorrent.audits import CheckedAudit
 from gentorrent.config import AUDITS, AuditParams
-from gentorrent.traffic.model import ChatRequest
+from gentorrent.traffic.model import ChatRequest, TrafficError
 
-__all__ = ["Donation", "DonatedPool"]
+__all__ = ["Donation", "DonatedPool", "donation_of"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,20 @@ class Donation:
     served_by: bytes
     model: str
     request: ChatRequest
+
+
+def donation_of(audit: CheckedAudit, params: AuditParams = AUDITS) -> Donation | None:
+    """The donation an admitted audit makes, or None: not reusable, a raw prompt, out of a
+    challenge's bounds, or too short a reply to challenge with (it is scored, never reused)."""
+    if not audit.reusable:
+        return None
+    try:
+        request = ChatRequest.from_wire(audit.request)
+    except TrafficError:
+        return None
+    if request.max_tokens < params.donated_min_tokens:
+        return None
+    return Donation(audit.key, audit.node_id, audit.request.model, request)
 
 
 class DonatedPool:
