@@ -164,8 +164,7 @@ def memorisation(positives: list[ChatRequest], negatives: list[ChatRequest], poo
     from sklearn.feature_extraction.text import HashingVectorizer
     from sklearn.metrics import roc_auc_score, roc_curve
 
-    corpus = list(dict.fromkeys([*pool.singles, *pool.documents, *pool.code,
-                                 *(c for s in pool.sessions for r, c in s if r == "user")]))
+    corpus = pool.user_messages()
     vec = HashingVectorizer(analyzer="char_wb", ngram_range=(5, 5), n_features=2 ** 20, alternate_sign=False,
                             norm="l2")
     index = vec.transform([t[:TEXT_CHARS] for t in corpus]).T.tocsr()

@@ -230,19 +230,65 @@ async def record(n_honest: int, per_cheater: int, kinds: list[str], concurrency:
 
 
 async def _selective_env(reference) -> dict:
-    """The selective cheater as a real one would be built: its text model is trained on challenges
-    it drew itself from the public traffic model (an independent draw from the bench's own), against user prompts. The bench's challenges come in user-ask shapes (as they
-    must once drawn from a traffic model), so the cheater's shape signal is off."""
-    from testkit.cheater_training import challenge_questions, cross_validate, train_text_model
-    from testkit.user_prompts import USER_PROMPTS
+    """The selective cheater as a real one would be built (`selective_cheater`), as its node's
+    environment. The bench's challenges come in user-ask shapes (as they must once drawn from a
+    traffic model), so the cheater's shape signal is off."""
+    setup = await asyncio.to_thread(selective_cheater)
+    _progress(f"selective cheater: {json.dumps(setup)}")
+    return {**os.environ, "GT_SELECTIVE_TEXT_MODEL": str(CACHE / "selective_text_model.json"),
+            "GT_SELECTIVE_SHAPE": "none", "GT_SELECTIVE_LOOKUP_THRESHOLD": repr(setup["lookup_threshold"]),
+            "GT_SELECTIVE_THRESHOLD": repr(setup["threshold"])}
+
+
+SELECTIVE = CACHE / "selective.json"  # the selective cheater's settings and its own measures
+SERVED = 900  # user prompts the cheater has served: a third to train, to calibrate, to measure on
+FALSE_ALARMS = 0.02  # the share of its users' asks the cheater accepts to answer honestly
+
+
+def selective_cheater() -> dict:
+    """Train and calibrate the selective cheater from what a real cheater has: challenges it drew
+    itself from the public traffic model (an independent draw from the bench's own), the prompts
+    its users sent it (`served_prompts`, held-out conversations), and the public corpus, stored.
+    Its text model learns challenges from the first third of those prompts; the lookup's and the
+    detector's thresholds are set on the second third so that at most FALSE_ALARMS of them are
+    taken for challenges (each half of that to the lookup); the last third measures it."""
+    from model_node.cheaters import corpus_lookup
+    from model_node.selective import ChallengeDetector
+    from testkit.cheater_training import (challenge_questions, cross_validate, operating_threshold, served_prompts,
+                                          train_text_model)
 
     qfile, model_file = CACHE / "cheater_questions.json", CACHE / "selective_text_model.json"
     if not qfile.exists():
         qfile.write_text(json.dumps(challenge_questions(100, os.urandom(32), "cheater"), indent=1))
     questions = json.loads(qfile.read_text())
-    train_text_model(questions, list(USER_PROMPTS)).save(model_file)
-    _progress(f"selective text model: {cross_validate(questions, list(USER_PROMPTS))}")
-    return {**os.environ, "GT_SELECTIVE_TEXT_MODEL": str(model_file), "GT_SELECTIVE_SHAPE": "none"}
+    served = served_prompts(SERVED, seed=11)
+    train, calibrate, measure = served[0::3], served[1::3], served[2::3]
+    text = train_text_model(questions, train)
+    text.save(model_file)
+    lookup = corpus_lookup(float("inf"))
+    near = [s if s < 1.0 else 0.0 for s in map(lookup.similarity, calibrate)]  # verbatim copies never count
+    lookup.threshold = operating_threshold(near, FALSE_ALARMS / 2)
+    detector = ChallengeDetector(text=text, lookup=lookup)
+    detector.threshold = operating_threshold([detector.content_log_odds(t) for t in calibrate], FALSE_ALARMS)
+    bench_questions = json.loads((CACHE / "questions.json").read_text())
+    setup = {"lookup_threshold": round(lookup.threshold, 4), "threshold": round(detector.threshold, 4),
+             "text_model_cross_validated": cross_validate(questions, train),
+             "on_bench_challenges": _rate(detector, bench_questions),
+             "lookup_alone_on_bench_challenges": _rate(lookup, bench_questions),
+             "flags_user_asks": _rate(detector, measure), "lookup_alone_flags_user_asks": _rate(lookup, measure),
+             "served_prompts": {"train": len(train), "calibrate": len(calibrate), "measure": len(measure)},
+             "false_alarms_accepted": FALSE_ALARMS}
+    SELECTIVE.write_text(json.dumps(setup, indent=1))
+    return setup
+
+
+def _rate(signal, texts: list[str]) -> float:
+    """The share of `texts` the detector (or the lookup alone) takes for challenges."""
+    if hasattr(signal, "content_log_odds"):
+        hits = sum(1 for t in texts if signal.content_log_odds(t) > signal.threshold)
+    else:
+        hits = sum(1 for t in texts if signal.log_odds(t) > 0)
+    return round(hits / max(1, len(texts)), 3)
 
 
 def load_replies(label: str, specs: list[dict]) -> list[dict]:
@@ -468,7 +514,7 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
     tau, below = REPUTATION.abnormal_threshold, REPUTATION.untrusted_below
     honest = [r["credibility"] for r in scored.get("honest", [])]
     fp = sum(1 for c in honest if c < tau)
-    flagged = selective["cross_validated_on_its_own"]["fpr"] if selective else 0.0
+    flagged = selective["flags_user_asks"] if selective else 0.0
     rates = tuple(sorted({0.0, AUDITS.rate, *rates}))
     by_rate = resample(scored, epochs, runs, seed, rates, asks_per_epoch, flagged)
     dists, audited = by_rate[0.0], by_rate[AUDITS.rate]
@@ -508,7 +554,7 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
                                                        for r, d in pess_by_rate.items()}}},
         "goal_met_without_audits": _goal(cheaters, dists),
         "goal_met": _goal(with_audits, audited),
-        "selective_text_model": selective,
+        "selective_cheater": selective,
         "figure": str(FIGURE.relative_to(ROOT)), "resampled_from_recorded_scores": True,
         "scores_from": "recordings" if from_cache else SCORES.name,
         "audit_fold": {"honest_abnormal_bound": AUDITS.honest_abnormal_bound, "honest_alpha": AUDITS.honest_alpha},
@@ -522,7 +568,7 @@ def _recorded(labels: list[str]) -> tuple[dict[str, list[dict]], dict | None]:
         raise SystemExit(f"no recordings in {CACHE} and no {SCORES}: run without --no-record first")
     nodes = json.loads(SCORES.read_text())["nodes"]
     previous = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    return {k: nodes[k] for k in labels if nodes.get(k)}, previous.get("selective_text_model")
+    return {k: nodes[k] for k in labels if nodes.get(k)}, previous.get("selective_cheater")
 
 
 def _honest_at_rate(rows: list[dict], share: float) -> list[dict]:
@@ -545,17 +591,9 @@ def _goal(cheaters: dict[str, dict], dists: dict[str, list[int | None]]) -> bool
 
 
 def _selective_accuracy() -> dict | None:
-    """How often the selective cheater's text model takes the bench's challenges for challenges."""
-    from model_node.selective import TextModel
-    from testkit.cheater_training import cross_validate, rates
-    from testkit.user_prompts import USER_PROMPTS
-
-    model_file, qfile = CACHE / "selective_text_model.json", CACHE / "cheater_questions.json"
-    if not model_file.exists():
-        return None
-    bench_questions = json.loads((CACHE / "questions.json").read_text())
-    return {"on_bench_challenges": rates(TextModel.load(model_file), bench_questions, []),
-            "cross_validated_on_its_own": cross_validate(json.loads(qfile.read_text()), list(USER_PROMPTS))}
+    """The selective cheater's settings and how often it takes the bench's challenges, and its
+    users' asks, for challenges (measured when it was built: `selective_cheater`)."""
+    return json.loads(SELECTIVE.read_text()) if SELECTIVE.exists() else None
 
 
 def main(argv: list[str] | None = None) -> dict:

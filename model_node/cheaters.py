@@ -13,7 +13,8 @@ claims while signing every reply as the claimed model, as a cheating volunteer w
                  guess (model_node/selective.py) sums the log-odds of the request's shape against
                  the public challenge shape, of a text classifier trained on challenges it
                  generated itself from the public code (testkit/cheater_training.py writes it to
-                 GT_SELECTIVE_TEXT_MODEL), and of the public epoch phase
+                 GT_SELECTIVE_TEXT_MODEL), of a lookup of the asked message in the public corpus
+                 (GT_SELECTIVE_LOOKUP_THRESHOLD), and of the public epoch phase
 
 Weight cheats need only other weights (`prepare`); behavioural cheats wrap the node's
 LocalGenerator (`make_generator`), so the rest of the node (overlay intake, status) is unchanged.
@@ -30,7 +31,7 @@ from typing import AsyncIterator
 
 from gentorrent import receipts
 from gentorrent.config import EPOCH_RUN
-from model_node.selective import ChallengeDetector, PublicChallengeShape, TextModel
+from model_node.selective import ChallengeDetector, CorpusLookup, NoLookup, PublicChallengeShape, TextModel
 from model_node.service import LocalGenerator, PreparedJob
 from gentorrent.wire import gentorrent_pb2 as pb
 
@@ -84,14 +85,30 @@ def selective_detector() -> ChallengeDetector:
     GT_SELECTIVE_CHALLENGE_MAX_TOKENS: the reply cap a committee publishes for its challenges
     (gt-verifier start --challenge-max-tokens; the devnet's), which gives them away;
     GT_SELECTIVE_SHAPE=none: challenges are drawn from the same shapes as user asks (a public
-    traffic model), so the shape tells it nothing (the detection bench's challenges are).
+    traffic model), so the shape tells it nothing (the detection bench's challenges are);
+    GT_SELECTIVE_LOOKUP_THRESHOLD: store the public challenge pool and take a prompt whose
+    similarity to a message of it reaches this for a challenge (`corpus_lookup`);
+    GT_SELECTIVE_THRESHOLD: the summed log-odds above which it answers honestly (default 0),
+    which the cheater sets at the share of its users' asks it is willing to serve honestly.
     """
     text_path = os.environ.get("GT_SELECTIVE_TEXT_MODEL")
     text = TextModel.load(Path(text_path)) if text_path else TextModel()
     cap = os.environ.get("GT_SELECTIVE_CHALLENGE_MAX_TOKENS")  # the committee's published reply cap
     params = EPOCH_RUN if not cap else replace(EPOCH_RUN, challenge_max_tokens=int(cap))
     shape = NoShape() if os.environ.get("GT_SELECTIVE_SHAPE") == "none" else PublicChallengeShape(params)
-    return ChallengeDetector(shape=shape, text=text)
+    similar = os.environ.get("GT_SELECTIVE_LOOKUP_THRESHOLD")
+    lookup = corpus_lookup(float(similar)) if similar else NoLookup()
+    return ChallengeDetector(shape=shape, text=text, lookup=lookup,
+                             threshold=float(os.environ.get("GT_SELECTIVE_THRESHOLD", "0")))
+
+
+def corpus_lookup(threshold: float) -> CorpusLookup:
+    """The public challenge pool (the corpus split is public code), stored for lookups: every
+    user message a challenge may ask. Seconds to build, about a gigabyte held."""
+    from gentorrent.traffic.corpus import load_corpus
+    from gentorrent.traffic.model import TrafficPool
+
+    return CorpusLookup(TrafficPool.build(load_corpus().challenge).user_messages(), threshold)
 
 
 class NoShape:

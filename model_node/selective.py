@@ -3,7 +3,7 @@ more. For the verification tests and the detection benchmark ONLY (model_node/ch
 
 A selective cheater answers honestly what it believes is a challenge and cheaply everything
 else, so it is caught only as often as it mistakes a challenge for a user's ask (or as often
-as the committee audits real replies). Its detector is the sum of three independent log-odds:
+as the committee audits real replies). Its detector is the sum of four independent log-odds:
 
   shape   the request's structure and sampling parameters against the PUBLIC challenge shape
           (`ChallengeShape`). Challenges draw their shape from the public traffic model
@@ -11,8 +11,11 @@ as the committee audits real replies). Its detector is the sum of three independ
           carries no signal (log-odds 0) unless a deployment pins the challenge sampling
           (EpochRunParams.challenge_temperature, as slow test machines do), which it then betrays.
   text    a logistic regression on word unigrams and bigrams, trained (testkit/cheater_training.py)
-          on challenges the cheater generated itself with the public challenge generator and
-          the public reference model, against prompts of real users it has served
+          on challenges the cheater generated itself with the public challenge generator,
+          against prompts of real users it has served
+  lookup  the public corpus, stored (`CorpusLookup`): challenges are corpus conversations,
+          rewritten, so the asked message of one shares most of its character 5-grams with a
+          message of the public challenge pool, which a user's prompt seldom does
   timing  the public epoch phase (`TimingSignal`): challenges only arrive while the committee's
           public state says an epoch is probing; asks outside that phase are user asks
 
@@ -24,15 +27,18 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
+
+import numpy as np
 
 from gentorrent.config import EPOCH_RUN, EpochRunParams
 from gentorrent.wire import gentorrent_pb2 as pb
 
-__all__ = ["ChallengeShape", "PublicChallengeShape", "TextModel", "TimingSignal", "ChallengeDetector",
-           "words", "features", "no_timing", "epoch_timing"]
+__all__ = ["ChallengeShape", "PublicChallengeShape", "TextModel", "CorpusLookup", "TimingSignal",
+           "ChallengeDetector", "words", "features", "no_timing", "epoch_timing"]
 
 _WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9]")
 
@@ -100,6 +106,73 @@ class TextModel:
         return cls(data["weights"], prior=float(data.get("prior", 0.0)))
 
 
+_SPACE = re.compile(r"\s+")
+_GRAM = 5  # characters per gram, as the realism bench's lookup
+
+
+def grams(text: str, max_chars: int = 4000) -> np.ndarray:
+    """The distinct character 5-grams of a text (case and runs of white space folded), each packed
+    in an integer: the keys of a fuzzy lookup that a rewrite of a few words and numbers leaves
+    mostly intact."""
+    folded = _SPACE.sub(" ", unicodedata.normalize("NFKC", text[:max_chars]).casefold()).strip()
+    data = np.frombuffer(folded.encode("utf-8"), dtype=np.uint8).astype(np.uint64)
+    if len(data) < _GRAM:
+        return np.zeros(0, dtype=np.uint64)
+    n = len(data) - _GRAM + 1
+    packed = np.zeros(n, dtype=np.uint64)
+    for i in range(_GRAM):
+        packed |= data[i:i + n] << np.uint64(8 * (_GRAM - 1 - i))
+    return np.unique(packed)
+
+
+class CorpusLookup:
+    """The public corpus, stored by a cheater and searched for every prompt it is sent.
+
+    `similarity` is the highest cosine of the prompt's 5-gram set with any stored message's
+    (|q & d| / sqrt(|q| |d|)): an inverted index over sorted grams, one numpy pass per prompt.
+    `log_odds` is `hit` for a NEAR copy, above `threshold` but not the message itself: a
+    challenge is a corpus message rewritten, while real users send the corpus's commonest
+    messages verbatim (12 % of held-out ShareGPT prompts are in the challenge pool word for
+    word, against 2 % within 0.7-1). The cheater sets `threshold` on its own users' prompts, at
+    the false-alarm rate it accepts. A miss is no evidence of a user, since a donated ask, which
+    no corpus holds, is a challenge too.
+    """
+
+    def __init__(self, messages: Iterable[str], threshold: float, hit: float = 8.0, near_only: bool = True) -> None:
+        """`near_only=False`: a verbatim copy counts too (for a corpus no user sends from)."""
+        sets = [grams(m) for m in messages]
+        self.sizes = np.array([max(1, len(g)) for g in sets], dtype=np.float64)
+        keys = np.concatenate(sets) if sets else np.zeros(0, dtype=np.uint64)
+        docs = np.repeat(np.arange(len(sets), dtype=np.int32), [len(g) for g in sets])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.docs = keys[order], docs[order]
+        self.threshold, self.hit, self.near_only = threshold, hit, near_only
+
+    def similarity(self, text: str) -> float:
+        q = grams(text)
+        if not len(q) or not len(self.keys):
+            return 0.0
+        lo, hi = np.searchsorted(self.keys, q, "left"), np.searchsorted(self.keys, q, "right")
+        counts = hi - lo
+        total = int(counts.sum())
+        if total == 0:
+            return 0.0
+        starts = np.repeat(lo - np.cumsum(counts) + counts, counts)  # each posting's run start, per slot
+        shared = np.bincount(self.docs[starts + np.arange(total)], minlength=len(self.sizes))
+        return float((shared / np.sqrt(self.sizes * len(q))).max())
+
+    def log_odds(self, text: str) -> float:
+        similar = self.similarity(text)
+        return self.hit if self.threshold < similar and (similar < 1.0 or not self.near_only) else 0.0
+
+
+class NoLookup:
+    """A cheater that stores no corpus."""
+
+    def log_odds(self, text: str) -> float:
+        return 0.0
+
+
 #: log-odds from the public epoch phase right now (0: no information, e.g. no committee view)
 TimingSignal = Callable[[], float]
 
@@ -134,11 +207,18 @@ class ChallengeDetector:
     shape: ChallengeShape = field(default_factory=PublicChallengeShape)
     text: TextModel = field(default_factory=TextModel)
     timing: TimingSignal = no_timing
+    lookup: CorpusLookup | NoLookup = field(default_factory=NoLookup)
     threshold: float = 0.0
 
     def log_odds(self, request: pb.GenerateRequest) -> float:
         text = request.prompt or "\n".join(m.content for m in request.messages if m.role == "user")
-        return self.shape.log_odds(request) + self.text.log_odds(text) + self.timing()
+        asked = request.prompt or next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        return self.shape.log_odds(request) + self.timing() + self.content_log_odds(text, asked)
+
+    def content_log_odds(self, text: str, asked: str | None = None) -> float:
+        """What the words say: the users' text (`text`), the asked message looked up (`asked`,
+        by default the text itself)."""
+        return self.text.log_odds(text) + self.lookup.log_odds(text if asked is None else asked)
 
     def is_challenge(self, request: pb.GenerateRequest) -> bool:
         return self.log_odds(request) > self.threshold

@@ -4,8 +4,10 @@
 
 The cheater generates labelled challenges itself: the traffic model and the corpus challenges
 are drawn from are public (gentorrent.traffic), so it draws challenges exactly as a leader
-would, with seeds of its own, and labels them "challenge"; the prompts
-its own users sent (testkit/user_prompts.py stands in for them) are "user". The model is
+would, with seeds of its own, and labels them "challenge"; the prompts its own users sent
+are "user" (`served_prompts`: user messages of the held-out pool, the conversations no
+challenge is drawn from, which stand for real traffic throughout the benchmarks; the small
+hand-written testkit/user_prompts.py serves the unit tests). The model is
 a class-balanced logistic regression on word unigrams and bigrams (model_node/selective.py
 evaluates it; scikit-learn trains it here, off the node). Prints ONE JSON line: cross-validated accuracy, the
 share of challenges it recognises (TPR) and of user prompts it mistakes for challenges (FPR),
@@ -23,7 +25,8 @@ from pathlib import Path
 from model_node.selective import TextModel, features
 from testkit.user_prompts import USER_PROMPTS
 
-__all__ = ["challenge_questions", "cross_validate", "rates", "train_text_model"]
+__all__ = ["challenge_questions", "cross_validate", "rates", "train_text_model", "served_prompts",
+           "operating_threshold"]
 
 
 def train_text_model(challenges: list[str], users: list[str], c: float = 1.0) -> TextModel:
@@ -59,6 +62,23 @@ def challenge_questions(n: int, seed: bytes, label: str = "bench") -> list[str]:
             keys.add(prompt_key(text))
             out.append(text)
     return out
+
+
+def served_prompts(n: int, seed: int = 0) -> list[str]:
+    """`n` prompts of the users a node serves: distinct user messages of the held-out pool."""
+    from gentorrent.traffic.corpus import load_corpus
+    from gentorrent.traffic.model import TrafficPool
+
+    messages = TrafficPool.build(load_corpus().holdout).user_messages()
+    return random.Random(seed).sample(messages, min(n, len(messages)))
+
+
+def operating_threshold(user_scores: list[float], false_alarms: float) -> float:
+    """The lowest threshold that at most a share `false_alarms` of users' scores exceed: where a
+    cheater sets its detector, trading the real asks it serves honestly for challenges caught."""
+    ranked = sorted(user_scores, reverse=True)
+    allowed = int(false_alarms * len(ranked))
+    return ranked[allowed] if allowed < len(ranked) else float("-inf")
 
 
 def rates(model: TextModel, challenges: list[str], users: list[str]) -> dict:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import io
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from gentorrent.traffic.corpus import Conversation
 from gentorrent.traffic.model import TrafficPool
 from testkit.committee import free_base_port
 from gentorrent.wire import gentorrent_pb2 as pb
+from model_node.selective import CorpusLookup
 from verifier import cli
 from gentorrent.ledger import txs
 from gentorrent.ledger.sections import decode_model
@@ -57,21 +57,14 @@ def scripted_pool() -> TrafficPool:
     return TrafficPool.build(convs)
 
 
-def _words(text: str) -> frozenset[str]:
-    return frozenset(re.findall(r"[a-z]+", text.lower()))
-
-
 @functools.lru_cache(maxsize=1)
-def _public_messages() -> tuple[frozenset[str], ...]:
-    pool = scripted_pool()
-    texts = [*pool.singles, *pool.documents, *pool.code, *(c for s in pool.sessions for r, c in s if r == "user")]
-    return tuple(_words(t) for t in texts)
+def _public_lookup() -> CorpusLookup:
+    return CorpusLookup(scripted_pool().user_messages(), threshold=0.5, near_only=False)  # no user sends these
 
 
-def in_public_pool(text: str, overlap: float = 0.3) -> bool:
-    """A corpus lookup: some public message shares this share of the words (Jaccard)."""
-    asked = _words(text)
-    return any(len(asked & m) / max(1, len(asked | m)) >= overlap for m in _public_messages())
+def in_public_pool(text: str) -> bool:
+    """A corpus lookup (the selective cheater's, model_node/selective.py) in the scripted pool."""
+    return _public_lookup().log_odds(text) > 0
 
 
 class ScriptedReference:
@@ -92,7 +85,7 @@ class ScriptedModels:
     'replay' (the same long, honestly scored reply to every prompt), 'reprompt' (honest tokens
     under a receipt for other sampling parameters: what a node, or a forwarder, that changes the
     request signs) or 'lookup' (honest when the asked message is found in the public challenge
-    pool, `scripted_pool`, by word overlap, as a node that stored the corpus does; wrong tokens
+    pool, `scripted_pool`, by a 5-gram lookup, as a node that stored the corpus does; wrong tokens
     otherwise).
     A node's behaviour may be changed while epochs run (`set`); a node may forward every
     request to another node (`forward`), which then serves and signs it, as the HR-tree does

@@ -160,3 +160,45 @@ def test_the_public_epoch_phase_tells_a_node_when_it_can_be_probed():
     hidden = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment()]))
     assert epoch_timing(hidden, other) > 0  # a plan of hashes only: the phase is all it knows
     assert epoch_timing(None, me) == 0.0
+
+
+_STORED = (
+    "Can you write a short story about a lighthouse keeper who finds a message in a bottle? Make it 300 words.",
+    "I have a pandas dataframe with columns date, store and sales. How do I compute the 7 day rolling mean per store?",
+    "Explain the difference between a mutex and a semaphore, with an example in C.",
+)
+
+
+def test_a_corpus_lookup_finds_a_rewritten_corpus_message_and_not_a_new_one():
+    """The selective cheater's stored corpus: a challenge is a corpus message rewritten (numbers
+    and a few words swapped, gentorrent.traffic.transform), which keeps most of its 5-grams, so
+    the lookup finds it; a prompt no corpus holds (a user's, a donated one) it does not, nor one
+    the corpus holds verbatim (real users send common prompts as they are)."""
+    import random
+
+    from gentorrent.traffic.transform import rewrite_text
+    from model_node.selective import ChallengeDetector, CorpusLookup, grams
+
+    lookup = CorpusLookup(_STORED, threshold=0.5)
+    rewritten = rewrite_text(_STORED[1], random.Random(3), rate=1.0)
+    assert rewritten != _STORED[1]
+    assert lookup.similarity(_STORED[1]) == 1.0
+    assert lookup.similarity(_STORED[1].upper().replace(" ", "  ")) == 1.0  # case and spacing folded
+    assert 0.5 < lookup.similarity(rewritten) < 1.0
+    new = "What should I pack for a week of hiking in Patagonia in March?"
+    assert lookup.similarity(new) < 0.2 and lookup.similarity("") == 0.0 and len(grams("abcd")) == 0
+    assert lookup.log_odds(rewritten) == lookup.hit and lookup.log_odds(new) == 0.0
+    assert lookup.log_odds(_STORED[1]) == 0.0  # verbatim: what users who paste a common prompt send
+    detector = ChallengeDetector(lookup=lookup)
+    assert detector.is_challenge(_request(rewritten)) and not detector.is_challenge(_request(new))
+    assert CorpusLookup([], threshold=0.5).similarity(new) == 0.0
+
+
+def test_the_cheaters_operating_threshold_bounds_its_false_alarms():
+    from testkit.cheater_training import operating_threshold
+
+    scores = [float(i) for i in range(100)]
+    t = operating_threshold(scores, 0.05)
+    assert sum(1 for s in scores if s > t) == 5
+    assert sum(1 for s in scores if s > operating_threshold(scores, 0.0)) == 0
+    assert operating_threshold(scores, 1.0) == float("-inf")

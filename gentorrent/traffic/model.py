@@ -195,6 +195,12 @@ class TrafficPool:
             raise TrafficError("the pool lacks a shape (too few conversations)")
         return cls(tuple(singles), tuple(documents), tuple(code), tuple(dict.fromkeys(systems)), tuple(sessions))
 
+    def user_messages(self) -> list[str]:
+        """Every distinct user message a request drawn from this pool may ask: what a node that
+        stored the public corpus would look an incoming prompt up in."""
+        return list(dict.fromkeys([*self.singles, *self.documents, *self.code,
+                                   *(c for s in self.sessions for r, c in s if r == "user")]))
+
 
 def _trim(turns: list[tuple[str, str]], params: TrafficParams) -> list[tuple[str, str]] | None:
     """Oldest turns dropped until the transcript fits, starting with a user turn (as chat
