@@ -24,6 +24,10 @@ Two stages, said out loud:
    kind's cheap reply, or the honest one on the share of user prompts its detector flags), folded
    by the committee's own functions (verifier.epochs.audits: audit_score, agree_audit_scores,
    fold_credibility), for every rate of --audit-rates (0: challenges only).
+   The selective cheater (`selective_cheater`) is built as a real one would be: a text model and
+   a lookup of near copies in the stored public corpus, thresholds set on held-out real prompts
+   at FALSE_ALARMS; one more node, MODELLED rather than recorded, stands for it on challenges made
+   of users' donated asks (`donated_challenge_rows`).
 
 Prints ONE JSON line (honest false-positive rate with its 95 % Wilson interval, the
 epochs-to-untrusted distribution per cheater kind without audits and, under "audits", with them
@@ -392,6 +396,19 @@ def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: boo
 
 
 REPLAY_UNIQUE = "replay (no output repeated)"
+SELECTIVE_DONATED = "selective (donated challenges, modelled)"
+
+
+def donated_challenge_rows(scored: dict[str, list[dict]], flagged: float) -> list[dict]:
+    """The selective cheater's replies to challenges made of users' donated asks, MODELLED (not
+    recorded): such a challenge is a real user's prompt, so the cheater takes it for a challenge
+    as often as it does a user's ask (`flagged`, measured) and answers the rest as cheaply as
+    everything else: its `random` replies, with honest ones in the share `flagged`."""
+    cheap, honest = scored.get("random", []), scored.get("honest", [])
+    if not cheap or not honest:
+        return []
+    n_honest = round(flagged / max(1e-9, 1.0 - flagged) * len(cheap))
+    return cheap + honest[:n_honest]
 
 
 def real_traffic(scored: dict[str, list[dict]], flagged: float) -> dict[str, RealTraffic]:
@@ -403,8 +420,8 @@ def real_traffic(scored: dict[str, list[dict]], flagged: float) -> dict[str, Rea
     out = {label: RealTraffic(pool) for label, pool in creds.items()}
     if "replay" in creds:
         out[REPLAY_UNIQUE] = RealTraffic(creds["replay"])
-    if "selective" in creds and "random" in creds:
-        out["selective"] = RealTraffic(creds["random"], creds.get("honest", ()), flagged)
+    if "selective" in creds and "random" in creds:  # the same node, whichever its challenges are
+        out["selective"] = out[SELECTIVE_DONATED] = RealTraffic(creds["random"], creds.get("honest", ()), flagged)
     return out
 
 
@@ -418,6 +435,9 @@ def resample(scored: dict[str, list[dict]], epochs: int, runs: int, seed: int, r
     nodes = {label: (rows, True) for label, rows in scored.items()}
     if "replay" in scored:  # a replayer with a pool of other prompts' replies never repeats one
         nodes[REPLAY_UNIQUE] = (scored["replay"], False)
+    donated = donated_challenge_rows(scored, flagged) if "selective" in scored else []
+    if donated:
+        nodes[SELECTIVE_DONATED] = (donated, True)
     out: dict[float, dict] = {}
     for rate in rates:
         out[rate] = {}

@@ -1,8 +1,10 @@
 """A small stand-in for real user prompts: what the selective cheater has seen from its own users.
 
 Hand-written in the styles of public chat logs (coding, writing, advice, facts, chit-chat,
-tasks with pasted text). It is the negative class of the cheater's text classifier until a
-real corpus ships with the traffic model (the classifier takes any list of prompts).
+tasks with pasted text), for unit tests that need a few user prompts without the corpus. The
+detection bench's cheater learns from, and is measured on, held-out ShareGPT prompts instead
+(testkit.cheater_training.served_prompts): false alarms on these 62 prompts say little about
+real traffic.
 """
 
 USER_PROMPTS = (

@@ -118,10 +118,10 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
 @pytest.mark.parametrize("reusable", [False, True])
 async def test_attack_a_node_that_looks_challenges_up_in_the_public_corpus(tmp_path, reusable):
     """The attack: a node that stored the public corpus answers honestly what it finds there
-    (every corpus challenge: the rewrite does not hide it from a word-overlap lookup) and cheats
-    on the rest; it gets no real asks of its own, so no audit sees it cheat. With challenges drawn
-    from the corpus only (users do not let their audited asks be reused) it stays trusted; with
-    users' donated asks (verifier/epochs/donations.py: prompts no corpus holds, served by another
+    (every corpus challenge: the rewrite does not hide it from a 5-gram lookup, the selective
+    cheater's `CorpusLookup`) and cheats on the rest; it gets no real asks of its own, so no
+    audit sees it cheat. With challenges drawn from the corpus only (users do not let their
+    audited asks be reused) it stays trusted; with users' donated asks (verifier/epochs/donations.py: prompts no corpus holds, served by another
     node) its challenges miss the lookup and it is untrusted."""
     models = ScriptedModels()
     looker = models.add("lookup")

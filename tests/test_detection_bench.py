@@ -47,3 +47,14 @@ def test_the_selective_cheaters_real_traffic_is_cheap_unless_flagged():
     traffic = detection.real_traffic(_synthetic(), flagged=1.0)["selective"]
     assert traffic.cheap == (0.0,) * 16 and traffic.honest == (1.0,) * 16
     assert {traffic.draw(random.Random(s)) for s in range(20)} == {1.0}  # it flags every ask: always honest
+
+
+def test_challenges_made_of_donated_asks_catch_the_selective_cheater_without_audits():
+    """Modelled: a donated challenge is a real user's prompt, so the cheater answers it as it
+    answers users (cheaply, save its false alarms), and challenges alone catch it."""
+    rows = detection.donated_challenge_rows(_synthetic(), flagged=0.2)
+    assert sum(r["credibility"] == 1.0 for r in rows) == 4 and sum(r["credibility"] == 0.0 for r in rows) == 16
+    by_rate = detection.resample(_synthetic(), EPOCHS, RUNS, seed=3, rates=(0.0,), asks_per_epoch=200, flagged=0.0)
+    assert all(v is None for v in by_rate[0.0]["selective"])  # it spots every corpus challenge
+    assert all(v is not None for v in by_rate[0.0][detection.SELECTIVE_DONATED])  # and no donated one
+    assert detection.donated_challenge_rows({"selective": _rows("selective", 1.0)}, 0.1) == []
