@@ -207,12 +207,13 @@ def _audit_rate_args(rate: float | None) -> list[str]:
     return [] if rate is None else ["--audit-rate", repr(rate)]
 
 
-def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress,
-                     dashboards: bool, reference: NodeInfo | None, audit_rate: float | None) -> list[NodeInfo]:
+def _start_committee(sup: Supervisor, root: Path, shape: DevnetParams, progress: Progress,
+                     dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
     from gentorrent.ledger.genesis import Genesis
 
     genesis = Genesis.load(root / "committee" / "v0" / "genesis.json")
     nodes = []
+    count = shape.verifiers
     for i in range(count):
         home = root / "committee" / f"v{i}"
         argv = python_module("verifier.cli", "start", "--home", str(home))
@@ -220,9 +221,9 @@ def _start_committee(sup: Supervisor, root: Path, count: int, progress: Progress
             # probes through a user node of its own, registered with the committee like any other
             argv += ["--epochs", "--reference-model", reference.address,
                      "--reference-cert", reference.extra["cert_file"],
-                     "--challenge-spread-s", str(DEVNET.challenge_spread_s),
-                     "--challenge-max-tokens", str(DEVNET.challenge_max_tokens)]
-            argv += _audit_rate_args(audit_rate)
+                     "--challenge-spread-s", str(shape.challenge_spread_s),
+                     "--challenge-max-tokens", str(shape.challenge_max_tokens)]
+            argv += _audit_rate_args(shape.audit_rate)
         extra = {}
         if dashboards:
             port = _free_ports(1)
@@ -293,15 +294,14 @@ def _start_network(sup: Supervisor, root: Path, genesis: Path, shape: DevnetPara
     engines: list[NodeInfo] = []
 
     def committee(reference: NodeInfo | None) -> None:
-        verifiers.extend(_start_committee(sup, root, shape.verifiers, progress, dashboards,
-                                          reference if epochs else None, shape.audit_rate))
+        verifiers.extend(_start_committee(sup, root, shape, progress, dashboards, reference if epochs else None))
 
     if not plan or plan[0][0] != REFERENCE:
         committee(reference_at)  # nothing to wait for: the model nodes register as soon as they serve
     batch = max(1, shape.parallel_model_starts)
     for first in range(0, len(plan), batch):
         part = plan[first:first + batch]
-        _spawn_engines(sup, root, part, genesis, progress)
+        _spawn_engines(sup, root, part, genesis, progress, shape)
         if part[0][0] == REFERENCE:
             engines += _wait_engines(sup, root, part[:1], shape, progress)
             committee(engines[0])
@@ -310,7 +310,8 @@ def _start_network(sup: Supervisor, root: Path, genesis: Path, shape: DevnetPara
     return verifiers, engines
 
 
-def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progress: Progress) -> None:
+def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progress: Progress,
+                   shape: DevnetParams) -> None:
     for name, cheat in plan:
         argv = python_module("model_node.cli", "serve", "--model", MODEL_NODE.default_model,
                              "--home", str(root / "models" / name), "--listen", f"{HOST}:0",
@@ -325,7 +326,7 @@ def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progr
                  f"takes a while{'' if name == REFERENCE else ', then it registers itself'})")
         env = {"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)}
         if cheat == "selective":  # the cheater knows what the devnet publishes: its challenges' reply cap
-            env["GT_SELECTIVE_CHALLENGE_MAX_TOKENS"] = str(DEVNET.challenge_max_tokens)
+            env["GT_SELECTIVE_CHALLENGE_MAX_TOKENS"] = str(shape.challenge_max_tokens)
         sup.spawn(f"model-{name}", argv, env=env)
 
 

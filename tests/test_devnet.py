@@ -141,8 +141,10 @@ def test_down_without_a_devnet_stops_nothing(tmp_path):
 @pytest.mark.timeout(1500)
 def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
     root = tmp_path / "devnet"
+    # challenges capped at 64 tokens (the demo's 96): every member scores every reply on one shared
+    # CPU engine, and the epochs this test waits for are what its run time is made of
     shape = replace(DEVNET, honest_models=2, dishonest_models=2, dishonest_variant="replay,selective",
-                    audit_rate=1.0, users=CLOVES.n + 1)
+                    audit_rate=1.0, users=CLOVES.n + 1, challenge_max_tokens=64)
     notes: list[str] = []
     try:
         # the session's honest model node doubles as the verifiers' reference engine
