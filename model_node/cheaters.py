@@ -87,7 +87,8 @@ def selective_detector() -> ChallengeDetector:
     GT_SELECTIVE_SHAPE=none: challenges are drawn from the same shapes as user asks (a public
     traffic model), so the shape tells it nothing (the detection bench's challenges are);
     GT_SELECTIVE_LOOKUP_THRESHOLD: store the public challenge pool and take a prompt whose
-    similarity to a message of it reaches this for a challenge (`corpus_lookup`);
+    similarity to a message of it exceeds this, short of a verbatim copy, for a challenge
+    (`corpus_lookup`);
     GT_SELECTIVE_THRESHOLD: the summed log-odds above which it answers honestly (default 0),
     which the cheater sets at the share of its users' asks it is willing to serve honestly.
     """
@@ -104,7 +105,7 @@ def selective_detector() -> ChallengeDetector:
 
 def corpus_lookup(threshold: float) -> CorpusLookup:
     """The public challenge pool (the corpus split is public code), stored for lookups: every
-    user message a challenge may ask. Seconds to build, about a gigabyte held."""
+    user message a challenge may ask. Seconds to build; the index holds about 110 MB."""
     from gentorrent.traffic.corpus import load_corpus
     from gentorrent.traffic.model import TrafficPool
 

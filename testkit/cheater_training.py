@@ -23,7 +23,6 @@ import random
 from pathlib import Path
 
 from model_node.selective import TextModel, features
-from testkit.user_prompts import USER_PROMPTS
 
 __all__ = ["challenge_questions", "cross_validate", "rates", "train_text_model", "served_prompts",
            "operating_threshold"]
@@ -121,9 +120,10 @@ def main(argv: list[str] | None = None) -> dict:
         challenges = challenge_questions(args.n, os.urandom(32), "cheater")
         if args.questions:
             args.questions.write_text(json.dumps(challenges, indent=1))
-    model = train_text_model(challenges, list(USER_PROMPTS))
+    users = served_prompts(300)
+    model = train_text_model(challenges, users)
     model.save(args.out)
-    out = {"bench": "selective_text_model", "cross_validated": cross_validate(challenges, list(USER_PROMPTS))}
+    out = {"bench": "selective_text_model", "cross_validated": cross_validate(challenges, users)}
     if args.held_out:
         out["held_out"] = rates(model, json.loads(args.held_out.read_text()), [])
     return out
