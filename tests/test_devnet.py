@@ -43,13 +43,16 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 class _UsersAsking:
     """Users ask, one question every few seconds, while the epochs run: each user node audits
     its asks (rate 1 in this devnet), so a node that serves real asks badly is scored on them.
-    Half the asks go through the users' own choice of node, half are sent to a dishonest node
-    (the group may still forward them: who served is what counts)."""
+    Half the asks go through the users' own choice of node, half are sent to the selective
+    cheater, the one that only audits catch (the group may still forward them: who served is
+    what counts; the replayer falls to its repeated challenge replies, and a replayed 16-token
+    ask tells the audits little). An epoch needs two audited garbage replies of a node to count
+    them (audits.condemning_count), and an epoch here lasts one to three minutes."""
 
-    def __init__(self, root: Path, models: list, interval_s: float = 6.0) -> None:
+    def __init__(self, root: Path, audited: devnet.NodeInfo, interval_s: float = 6.0) -> None:
         import threading
 
-        self.root, self.cheaters, self.interval_s = root, [m for m in models if m.extra["dishonest"]], interval_s
+        self.root, self.audited, self.interval_s = root, audited, interval_s
         self.served_by: dict[str, int] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -71,8 +74,8 @@ class _UsersAsking:
             question = f"Question {i}: name {['a colour', 'a fruit', 'a city', 'an animal'][i % 4]} and say why."
             try:
                 if i % 2:
-                    answer = devnet.ask_node(question, self.cheaters[(i // 2) % len(self.cheaters)], self.root,
-                                             user=i % CLOVES.n, max_tokens=16, timeout=60)
+                    answer = devnet.ask_node(question, self.audited, self.root, user=i % CLOVES.n, max_tokens=16,
+                                             timeout=60)
                 else:
                     answer = devnet.ask(question, self.root, user=i % CLOVES.n, max_tokens=16, timeout=60)
                 self.served_by[answer["served_by"]] = self.served_by.get(answer["served_by"], 0) + 1
@@ -199,7 +202,7 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         table = demo.reputation_table(state)
         assert {r["name"] for r in table} == {m.name for m in models}
         if demo.epochs_running(state):
-            with _UsersAsking(root, models) as asking:  # real traffic for the audits to sample
+            with _UsersAsking(root, models[3]) as asking:  # real traffic for the audits to sample
                 untrusted_at = demo.run_verification(state, timeout_s=900)
             assert untrusted_at, "a dishonest node was not untrusted"
             # the paper's goal, counted from each cheater's registration (epochs that opened after it)
