@@ -49,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -275,24 +275,27 @@ def selective_cheater() -> dict:
     detector = ChallengeDetector(text=text, lookup=lookup)
     detector.threshold = operating_threshold([detector.content_log_odds(t) for t in calibrate], FALSE_ALARMS)
     bench_questions = json.loads((CACHE / "questions.json").read_text())
+
+    def flags(text: str) -> bool:
+        return detector.content_log_odds(text) > detector.threshold
+
+    def found(text: str) -> bool:
+        return lookup.log_odds(text) > 0
+
     setup = {"lookup_threshold": round(lookup.threshold, 4), "threshold": round(detector.threshold, 4),
              "text_model_cross_validated": cross_validate(questions, train),
-             "on_bench_challenges": _rate(detector, bench_questions),
-             "lookup_alone_on_bench_challenges": _rate(lookup, bench_questions),
-             "flags_user_asks": _rate(detector, measure), "lookup_alone_flags_user_asks": _rate(lookup, measure),
+             "on_bench_challenges": _share(flags, bench_questions),
+             "lookup_alone_on_bench_challenges": _share(found, bench_questions),
+             "flags_user_asks": _share(flags, measure), "lookup_alone_flags_user_asks": _share(found, measure),
              "served_prompts": {"train": len(train), "calibrate": len(calibrate), "measure": len(measure)},
              "false_alarms_accepted": FALSE_ALARMS}
     SELECTIVE.write_text(json.dumps(setup, indent=1))
     return setup
 
 
-def _rate(signal, texts: list[str]) -> float:
-    """The share of `texts` the detector (or the lookup alone) takes for challenges."""
-    if hasattr(signal, "content_log_odds"):
-        hits = sum(1 for t in texts if signal.content_log_odds(t) > signal.threshold)
-    else:
-        hits = sum(1 for t in texts if signal.log_odds(t) > 0)
-    return round(hits / max(1, len(texts)), 3)
+def _share(taken: Callable[[str], bool], texts: list[str]) -> float:
+    """The share of `texts` taken for challenges."""
+    return round(sum(1 for t in texts if taken(t)) / max(1, len(texts)), 3)
 
 
 def load_replies(label: str, specs: list[dict]) -> list[dict]:
