@@ -222,7 +222,8 @@ def _start_committee(sup: Supervisor, root: Path, shape: DevnetParams, progress:
             argv += ["--epochs", "--reference-model", reference.address,
                      "--reference-cert", reference.extra["cert_file"],
                      "--challenge-spread-s", str(shape.challenge_spread_s),
-                     "--challenge-max-tokens", str(shape.challenge_max_tokens)]
+                     "--challenge-max-tokens", str(shape.challenge_max_tokens),
+                     "--epoch-pause-s", str(shape.epoch_pause_s)]
             argv += _audit_rate_args(shape.audit_rate)
         extra = {}
         if dashboards:

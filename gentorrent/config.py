@@ -458,6 +458,10 @@ class ModelNodeParams:
     max_stop_chars: int = 128
     max_chat_messages: int = 256
     max_score_top_k: int = 20  # alternatives per position a scoring call may ask for
+    # identical scoring passes (same tokens, same k) are computed once and kept, up to this many
+    # scored tokens (~2 KiB each with 20 alternatives): a committee's members that share one
+    # reference engine all score every reply (model_node/engine.py SharedPasses)
+    shared_pass_tokens: int = 16_384
     engine_start_timeout_s: float = 600.0
     shutdown_grace_s: float = 5.0
 
@@ -577,6 +581,8 @@ class DevnetParams:
     # minutes of a 135M model on 2 shared cores per epoch. A cap makes the devnet's challenges
     # recognisable by max_tokens (users' asks say 256); a deployment leaves it unset.
     challenge_max_tokens: int = 96
+    # ... and paces its epochs less: EPOCH_RUN's 30 s between epochs were half of a devnet epoch
+    epoch_pause_s: float = 5.0
     # CPU engine start-up on 2 shared cores: ~20 s alone, minutes when the machine is busy
     model_start_timeout_s: float = 900.0
     node_start_timeout_s: float = 120.0

@@ -13,11 +13,13 @@ imported, and the model folder comes from `catalogue.resolve`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 from model_node.catalogue import ResolvedModel
@@ -128,6 +130,59 @@ class ScoreResult:
         return [t.logprob for t in self.tokens]
 
 
+class SharedPasses:
+    """Identical teacher-forced passes computed once: concurrent callers await the same pass,
+    later ones get its kept result.
+
+    Why: the members of a committee that share one reference engine (one machine: devnet,
+    tests; ARCHITECTURE.md §4) each score every challenge reply and every audit with the very
+    same request, and a pass of a 1,500-token prompt costs seconds of CPU. A pass is a function
+    of its tokens and k, so one is as good as four, and every member gets the same numbers.
+    A failed pass is not kept. Kept results are bounded by their scored tokens.
+    """
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.requests = 0  # scoring calls
+        self.passes = 0  # of them, passes the engine ran
+        self._kept: OrderedDict[bytes, asyncio.Future] = OrderedDict()
+        self._sizes: dict[bytes, int] = {}
+        self._tokens = 0
+
+    @staticmethod
+    def key(prompt_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> bytes:
+        h = hashlib.sha256(f"{top_k}:{len(prompt_ids)}:".encode())
+        h.update(b",".join(str(t).encode() for t in (*prompt_ids, *token_ids)))
+        return h.digest()
+
+    async def get(self, key: bytes, size: int, compute: Callable[[], Awaitable["ScoreResult"]]) -> "ScoreResult":
+        """The pass for `key` (`size` scored tokens), computed by `compute` unless one is kept or running."""
+        self.requests += 1
+        future = self._kept.get(key)
+        if future is None:
+            self.passes += 1
+            future = asyncio.ensure_future(compute())
+            future.add_done_callback(lambda f: self._forget_failed(key, f))
+            self._keep(key, future, size)
+        else:
+            self._kept.move_to_end(key)
+        return await asyncio.shield(future)  # a caller that gives up leaves the pass to the others
+
+    def _keep(self, key: bytes, future: asyncio.Future, size: int) -> None:
+        self._kept[key], self._sizes[key] = future, size
+        self._tokens += size
+        while self._tokens > self.max_tokens and len(self._kept) > 1:
+            self._drop(next(iter(self._kept)))
+
+    def _forget_failed(self, key: bytes, future: asyncio.Future) -> None:
+        if (future.cancelled() or future.exception() is not None) and self._kept.get(key) is future:
+            self._drop(key)
+
+    def _drop(self, key: bytes) -> None:
+        if self._kept.pop(key, None) is not None:
+            self._tokens -= self._sizes.pop(key)
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -142,6 +197,10 @@ class Engine:
     params: ModelNodeParams = MODEL_NODE
     startup_s: float = 0.0
     _inflight: int = field(default=0, init=False)
+    shared_passes: SharedPasses = field(default=None, init=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.shared_passes = SharedPasses(self.params.shared_pass_tokens)
 
     @classmethod
     async def start(cls, model: ResolvedModel, params: ModelNodeParams = MODEL_NODE,
@@ -171,6 +230,7 @@ class Engine:
             pass
         await self.score(ids[:-1], token_ids=ids[-1:], top_k=1)
         self.load_stats.prefix_queries = self.load_stats.prefix_hits = 0
+        self.shared_passes = SharedPasses(self.params.shared_pass_tokens)
 
     # ------------------------------------------------------------------ tokens
 
@@ -259,10 +319,8 @@ class Engine:
 
         The continuation is `token_ids`, or `text` tokenised on its own (no special tokens)
         and appended to the prompt's tokens — give token ids when the exact split matters
-        (e.g. re-scoring a generated reply).
+        (e.g. re-scoring a generated reply). Identical calls share one pass (SharedPasses).
         """
-        from vllm import SamplingParams
-
         p_ids = self.encode(prompt) if isinstance(prompt, Prompt) else list(prompt)
         if token_ids is None:
             token_ids = self.tokenizer.encode(text or "", add_special_tokens=False)
@@ -273,6 +331,12 @@ class Engine:
         if any(not 0 <= t < vocab for t in cont):
             raise BadRequestError(f"token ids must be in [0, {vocab})")
         self.check_fits(p_ids + cont, reserve=1)
+        return await self.shared_passes.get(SharedPasses.key(p_ids, cont, top_k), len(cont),
+                                            lambda: self._score_pass(p_ids, cont, top_k))
+
+    async def _score_pass(self, p_ids: list[int], cont: list[int], top_k: int) -> ScoreResult:
+        from vllm import SamplingParams
+
         sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, detokenize=False)
         final = None
         async for out in self._run(p_ids + cont, sp, None):

@@ -1,8 +1,8 @@
 """The model node's Prometheus families (`gt-model serve --metrics HOST:PORT`).
 
 Read from the node's status report at each scrape: requests served, forwarding decisions,
-load and the engine's prefix cache. Only what a model node measures: no consensus, no relayed
-cloves (those are other roles' families, gentorrent.metrics).
+load, the engine's prefix cache and its scoring passes. Only what a model node measures: no
+consensus, no relayed cloves (those are other roles' families, gentorrent.metrics).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ class ModelMetrics(RoleMetrics):
         self.prefix_cache = Gauge("gentorrent_prefix_cache", "engine prefix-cache token counters", ["kind"],
                                   registry=r)
         self.load = Gauge("gentorrent_load", "model node load", ["kind"], registry=r)
+        self.scoring = Counter("gentorrent_scoring", "scoring calls and the engine passes they took",
+                               ["kind"], registry=r)
         self.sync = CounterSync()
 
     def update(self, status: dict) -> bytes:
@@ -31,6 +33,8 @@ class ModelMetrics(RoleMetrics):
         s, load = self.sync, status.get("load", {})
         s.set_total(self.requests_served, status.get("served", 0), via="any")
         s.set_total(self.forwards, status.get("refused_busy", 0), decision="refused_busy")
+        for kind, count in (status.get("scoring") or {}).items():
+            s.set_total(self.scoring, count, kind=kind)
         for kind in ("active", "queued", "kv_cache_usage"):
             self.load.labels(kind=kind).set(load.get(kind, 0))
         self.load.labels(kind="capacity").set(status.get("capacity", 0))

@@ -242,6 +242,8 @@ class ModelNodeService(rpc.ModelNodeServicer):
             "max_model_len": self.engine.max_model_len, "uptime_s": round(time.time() - self.started, 1),
             "engine_startup_s": round(self.engine.startup_s, 1), "served": self.generator.served,
             "refused_busy": self.generator.admission.refused,
+            # scoring calls (a verifier's reference) and the passes they took: identical calls share one
+            "scoring": {"requests": self.engine.shared_passes.requests, "passes": self.engine.shared_passes.passes},
             "load": {"active": load.active, "queued": load.queued,
                      "kv_cache_usage": round(load.kv_cache_usage, 4),
                      "prefix_queries": load.prefix_queries, "prefix_hits": load.prefix_hits},

@@ -12,6 +12,12 @@ of the prompt (garbage the reference model scores down), one breaks its receipts
 Leaders that drop or forge the honest node's reply, or alter a reply, are caught, and the
 honest node is unharmed.
 
+The cheaters started are GT_LIVE_CHEATERS (comma-separated model_node.cheaters kinds, default
+`pruned`); `GT_LIVE_CHEATERS=pruned,noisy,other-model,random` runs the four a committee catches
+on challenges alone (replay and selective run in tests/test_devnet.py, whose users' audits catch
+the selective one). `make test` runs the default: the four take five vLLM engines, ~20 GiB, and
+~10 minutes on 2 cores instead of ~3.
+
 Single-machine shortcuts, said out loud: the four verifiers run in this test process (each a
 full VerifierNode with its own keys, ports and TLS), and they share ONE reference engine, the
 session's honest model node (reached through its Generate / Score RPCs; on separate machines
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -49,10 +56,12 @@ from verifier.consensus.node import VerifierNode
 from verifier.epochs.reference import RemoteReference
 from verifier.epochs.runner import LeaderFaults
 from verifier.epochs.wiring import attach_epochs
+from model_node.cheaters import KINDS
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2-135m"
+CHEATERS = tuple(k.strip() for k in os.environ.get("GT_LIVE_CHEATERS", "pruned").split(","))
 CHAIN = "live"
 PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0,
                              challenge_spread_s=3.0)
@@ -159,14 +168,17 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
     directory_path = tmp_path / "directory.json"
     directory = StaticDirectory(directory_path)
     directory_path.write_text('{"users": [], "models": []}')
-    pruned = ModelNodeProcess(tmp_path / "pruned", extra=("--dishonest", "pruned", "--directory",
-                                                           str(directory_path)))
+    assert CHEATERS and set(CHEATERS) <= set(KINDS) - {"replay", "selective"}, \
+        f"GT_LIVE_CHEATERS: kinds from {', '.join(KINDS)}, except replay and selective (no users ask here)"
+    cheaters = {kind: ModelNodeProcess(tmp_path / kind, extra=("--dishonest", kind, "--directory",
+                                                                str(directory_path))) for kind in CHEATERS}
     echoes = EchoNodes(tmp_path / "echo", directory_path)
-    try:  # the echo nodes start while the pruned node's engine does
-        await asyncio.gather(asyncio.to_thread(pruned.start), asyncio.to_thread(
+    try:  # the echo nodes start while the cheaters' engines do
+        await asyncio.gather(*(asyncio.to_thread(c.start) for c in cheaters.values()), asyncio.to_thread(
             echoes.start, {"hung": (), "garbage": (), "badsig": ("--misbehave", "bad-signature")}))
     except BaseException:
-        pruned.stop()
+        for c in cheaters.values():
+            c.stop()
         echoes.stop()
         raise
     engine_channel = await model_node.connect()
@@ -176,23 +188,24 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
     await server.start()
     directory.add_model(ModelRecord(bytes.fromhex(model_node.node_id), model_node.public_key, f"127.0.0.1:{port}", MODEL,
                                     front.keys.onion.public_key, front.tls.cert_pem))
-    pruned_keys = NodeKeys.load_or_create(pruned.home)
-    directory.add_model(ModelRecord(bytes.fromhex(pruned.node_id), pruned.public_key, pruned.address, MODEL,
-                                    pruned_keys.onion.public_key, pruned.cert_pem))
+    for c in cheaters.values():
+        directory.add_model(ModelRecord(bytes.fromhex(c.node_id), c.public_key, c.address, MODEL,
+                                        NodeKeys.load_or_create(c.home).onion.public_key, c.cert_pem))
     relays = await start_user_nodes(9, directory_path, tmp_path, cloves=CLOVES, params=PATIENT, maintain=False)
     faults = LeaderFaults()
     committee = LiveCommittee(tmp_path)
     try:
         await committee.start(model_node, directory_path, faults)
         for tx in (register_on_chain(model_node.home, model_node.address, model_node.cert_pem),
-                   register_on_chain(pruned.home, pruned.address, pruned.cert_pem),
+                   *(register_on_chain(c.home, c.address, c.cert_pem) for c in cheaters.values()),
                    *(echoes.registration(name) for name in ("hung", "garbage", "badsig"))):
             reply = await committee.nodes[0].submit_tx(tx, forwarded=False)
             assert reply.code == 0, reply.log
         echoes.sup.kill("hung", signal.SIGSTOP)  # registered, then hung: accepts connections, never answers
-        honest, cheat = model_node.node_id, pruned.node_id
+        honest, cheat = model_node.node_id, cheaters[CHEATERS[0]].node_id
+        zoo = {kind: c.node_id for kind, c in cheaters.items()}
         hung, garbage, badsig = (echoes.started[name]["node_id"] for name in ("hung", "garbage", "badsig"))
-        committee.watched = {"honest": honest, "pruned": cheat, "hung": hung, "garbage": garbage, "badsig": badsig}
+        committee.watched = {"honest": honest, **zoo, "hung": hung, "garbage": garbage, "badsig": badsig}
         tau = REPUTATION.abnormal_threshold
 
         def untrusted(node: str) -> bool:
@@ -200,16 +213,22 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             return m is not None and not m.trusted
 
         try:
-            # 1. epochs run by themselves until the pruned, hung, garbage and bad-signature nodes are
+            # 1. epochs run by themselves until the cheaters, hung, garbage and bad-signature nodes are
             #    all untrusted
-            sec = await committee.wait(lambda s: all(untrusted(n) for n in (cheat, hung, garbage, badsig)),
-                                       "pruned, hung, garbage and bad-signature nodes untrusted", 900)
+            sec = await committee.wait(lambda s: all(untrusted(n) for n in (*zoo.values(), hung, garbage, badsig)),
+                                       f"{', '.join(CHEATERS)}, hung, garbage and bad-signature nodes untrusted", 900)
             done = [h for h in sec.history if h.phase == rules.DONE and h.result]
             assert done, [(h.epoch, h.phase, h.reason) for h in sec.history]
             scores = {n: [s.score_micros / 1e6 for h in done for s in h.result if s.node_id.hex() == n]
-                      for n in (honest, cheat, hung, garbage, badsig)}
+                      for n in (honest, *zoo.values(), hung, garbage, badsig)}
             assert scores[honest] and min(scores[honest]) >= tau, scores  # honest: never abnormal
-            assert min(scores[cheat]) < tau and sum(scores[cheat]) / len(scores[cheat]) < min(scores[honest]), scores
+            for kind, node in zoo.items():  # every cheater: abnormal, below the honest node, and untrusted
+                # within the paper's goal, counted in the epochs that closed since all registered
+                assert min(scores[node]) < tau and sum(scores[node]) / len(scores[node]) < min(scores[honest]), \
+                    (kind, scores)
+                first = committee.trace[0][0]
+                verdict = next(e for e, _, _, reps in committee.trace if reps.get(kind, 1.0) < REPUTATION.untrusted_below)
+                assert verdict - first + 1 <= REPUTATION.goal_epochs, (kind, committee.trace)
             # echoes are rated down, though not every one: teacher forcing scores a copy of the
             # prompt well once the copy has begun, so an echo of a traffic-shaped challenge can
             # pass (seen: [0, 1, 1, 0]; README "What is still weak"). Abnormal at least once, and
@@ -225,7 +244,7 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
                 failed = [any(f"probe report on {node[:12]}: failed" in line for line in log) for log in prober_logs]
                 assert sum(failed) >= 2, [log[-8:] for log in prober_logs]
             assert committee.model(honest).trusted and committee.model(honest).reputation >= REPUTATION.untrusted_below
-            for node in (cheat, hung, garbage, badsig):
+            for node in (*zoo.values(), hung, garbage, badsig):
                 assert committee.model(node).reputation < REPUTATION.untrusted_below, committee.trace
             hung_reps = [reps["hung"] for *_, reps in committee.trace if "hung" in reps]
             assert hung_reps == sorted(hung_reps, reverse=True) and hung_reps[-1] < hung_reps[0], committee.trace
@@ -243,7 +262,7 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             closed = len(sec.history)
 
             # 3. a leader that forges the honest node's reply (its own text, a receipt it signed itself)
-            #    and alters the pruned node's (one token changed after the node signed) is caught by
+            #    and alters a cheater's (one token changed after the node signed) is caught by
             #    the members' checks of their private copies; one epoch for both (the reason names both).
             #    (Not the garbage node's: it echoes the whole prompt, and a challenge with a
             #    conversation's history makes that echo longer than a reply may be: nothing to alter.)
@@ -280,5 +299,6 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
         await server.stop(None)
         await front.channels.close()
         await engine_channel.close()
-        pruned.stop()
+        for c in cheaters.values():
+            c.stop()
         echoes.stop()

@@ -15,7 +15,7 @@ from gentorrent.config import MODEL_NODE, WIRE, ModelNodeParams
 from gentorrent.crypto.keys import Identity
 from gentorrent import generation, receipts
 from model_node import catalogue
-from model_node.engine import EngineDelta
+from model_node.engine import EngineDelta, SharedPasses
 from model_node.service import Admission, BusyError, LocalGenerator, status_code_of
 from gentorrent.wire import gentorrent_pb2 as pb
 
@@ -143,6 +143,7 @@ class _SlowEngine:
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.shared_passes = SharedPasses(0)  # status reports its scoring counters
 
     def encode(self, prompt):
         return [1, 2, 3]
@@ -273,3 +274,39 @@ def test_load_stats_sum_prefix_counters_and_keep_the_latest_scheduler_view():
                         kv_cache_usage=usage, prefix_cache_stats=NS(queries=q, hits=h)))
     assert (stats.running, stats.waiting, stats.kv_cache_usage) == (1, 0, 0.125)
     assert (stats.prefix_queries, stats.prefix_hits) == (140, 32)
+
+
+# --------------------------------------------------------------------------- shared scoring passes
+
+
+async def test_shared_passes_run_once_forget_failures_and_stay_bounded():
+    """Identical passes coalesce (concurrent and later callers); a failure is not kept; kept
+    results are bounded by scored tokens; a caller that gives up leaves the pass to the others."""
+    passes = SharedPasses(max_tokens=10)
+    ran: list[str] = []
+    gate = asyncio.Event()
+
+    def compute(name: str, fail: bool = False):
+        async def run():
+            ran.append(name)
+            await gate.wait()
+            if fail:
+                raise RuntimeError("engine failed")
+            return (name,)
+        return run
+
+    key_a, key_b = SharedPasses.key([1, 2], [3], 5), SharedPasses.key([1], [2, 3], 5)
+    assert key_a != key_b != SharedPasses.key([1, 2], [3], 4)  # the split and k are part of the pass
+    waiters = [asyncio.ensure_future(passes.get(key_a, 6, compute("a"))) for _ in range(3)]
+    await asyncio.sleep(0)
+    waiters[0].cancel()  # one caller gives up
+    gate.set()
+    assert await asyncio.gather(*waiters[1:]) == [("a",), ("a",)] and ran == ["a"]
+    assert await passes.get(key_a, 6, compute("a again")) == ("a",) and ran == ["a"]
+    assert (passes.requests, passes.passes) == (4, 1)
+
+    with pytest.raises(RuntimeError, match="engine failed"):
+        await passes.get(key_b, 6, compute("b", fail=True))
+    assert await passes.get(key_b, 6, compute("b retried")) == ("b retried",)  # and it evicted "a" (12 > 10)
+    assert await passes.get(key_a, 6, compute("a recomputed")) == ("a recomputed",)
+    assert ran == ["a", "b", "b retried", "a recomputed"] and passes.passes == 4

@@ -6,6 +6,7 @@ last in this file and leaves the node running again for later files.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -101,6 +102,24 @@ async def test_scoring_matches_the_engines_own_generation_logprobs(model_node):
     assert reply.served_by == model_node.node_id
     assert by_text.prompt_tokens == reply.prompt_tokens
     assert len(by_text.tokens) >= len(tokens) - 2  # the text drops the end-of-turn token
+
+
+async def test_identical_scoring_calls_share_one_engine_pass(model_node):
+    """Four verifiers sharing one reference engine ask it the same pass: it runs once, and
+    every caller gets the same numbers; a different reply is a pass of its own."""
+    channel = await model_node.connect()
+    try:
+        stub = model_node.stub(channel)
+        before = json.loads((await stub.Status(pb.Empty(), timeout=30)).json)["scoring"]
+        same = pb.ScoreRequest(messages=FRANCE, text="The capital of France is Paris.", top_k=5)
+        other = pb.ScoreRequest(messages=FRANCE, text="The capital of France is Lyon.", top_k=5)
+        replies = await asyncio.gather(*[stub.Score(r, timeout=300) for r in (same, same, same, same, other)])
+        after = json.loads((await stub.Status(pb.Empty(), timeout=30)).json)["scoring"]
+    finally:
+        await channel.close()
+    assert after["requests"] - before["requests"] == 5
+    assert after["passes"] - before["passes"] == 2
+    assert all(r == replies[0] for r in replies[1:4]) and replies[4] != replies[0]
 
 
 @pytest.mark.parametrize("req, code, words", [

@@ -8,7 +8,7 @@
     gt-verifier start --home DIR [--abci-socket ADDR] [--dashboard HOST:PORT]
                       [--epochs --reference-model HOST:PORT --reference-cert FILE
                        [--probe-listen H:P [--probe-advertise H:P]] [--challenge-spread-s S]
-                       [--challenge-max-tokens N] [--audit-rate R]]
+                       [--challenge-max-tokens N] [--epoch-pause-s S] [--audit-rate R]]
         run the node (embedded Tendermint consensus), or serve the application to CometBFT;
         --epochs also runs verification epochs (verifier.epochs.runner) with that reference model,
         probing through a user node of its own that registers with the committee
@@ -140,7 +140,7 @@ def _epoch_args(args: argparse.Namespace) -> dict | None:
     return {"address": args.reference_model, "cert": Path(args.reference_cert),
             "probe_listen": args.probe_listen, "probe_advertise": args.probe_advertise,
             "params": replace(EPOCH_RUN, challenge_spread_s=args.challenge_spread_s,  # checks the range
-                              challenge_max_tokens=args.challenge_max_tokens),
+                              challenge_max_tokens=args.challenge_max_tokens, epoch_pause_s=args.epoch_pause_s),
             "audits": AUDITS if args.audit_rate is None else replace(AUDITS, rate=args.audit_rate)}
 
 
@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--challenge-max-tokens", type=int_in(1, EPOCH_RUN.max_reply_tokens), default=None, metavar="N",
                    help="cap the replies challenges ask for (default: as the traffic model draws them, like users' "
                         "asks; a cap makes challenges recognisable by max_tokens: only for slow test machines)")
+    s.add_argument("--epoch-pause-s", type=float_in(0, 3600), default=EPOCH_RUN.epoch_pause_s, metavar="S",
+                   help="wait this long after an epoch opens before taking part in its leader election "
+                        "(default %(default)g s: pacing; a demo on one machine may shorten it)")
     s.add_argument("--audit-rate", type=float_in(0, 1), default=None, metavar="R",
                    help=f"share of users' asks this member's audit desk accepts as audited (default {AUDITS.rate:g}; "
                         "the whole committee and its users must use one rate)")
