@@ -13,7 +13,8 @@ from verifier.metrics import VerifierMetrics
 
 USER = {"gentorrent_asks", "gentorrent_ask_seconds", "gentorrent_ask_ttft_seconds", "gentorrent_ask_stage_seconds",
         "gentorrent_cloves_relayed", "gentorrent_cloves_dropped", "gentorrent_cloves_redundant", "gentorrent_paths"}
-MODEL = {"gentorrent_requests_served", "gentorrent_forwards", "gentorrent_prefix_cache", "gentorrent_load"}
+MODEL = {"gentorrent_requests_served", "gentorrent_forwards", "gentorrent_prefix_cache", "gentorrent_load",
+         "gentorrent_scoring"}
 VERIFIER = {"gentorrent_consensus_height", "gentorrent_consensus_round", "gentorrent_block_time_seconds",
             "gentorrent_peers", "gentorrent_epoch", "gentorrent_epochs", "gentorrent_reputation", "gentorrent_trusted"}
 
@@ -40,6 +41,15 @@ def test_each_role_exports_its_own_families_only():
     assert exported_families(model.render()) == MODEL == model.families()
     assert exported_families(verifier.render()) == VERIFIER == verifier.families()
     assert not USER & MODEL and not USER & VERIFIER and not MODEL & VERIFIER
+
+
+def test_model_scoring_counters_follow_status_totals():
+    """A reference engine shows how many scoring calls it answered and how many passes they took."""
+    view = ModelMetrics()
+    view.update({"scoring": {"requests": 4, "passes": 1}})
+    text = view.update({"scoring": {"requests": 9, "passes": 3}})
+    assert _value(text, 'gentorrent_scoring_total{kind="requests"}') == 9
+    assert _value(text, 'gentorrent_scoring_total{kind="passes"}') == 3
 
 
 def test_user_counters_follow_status_totals_and_spare_cloves_are_not_loss():
