@@ -13,9 +13,16 @@ on the same vLLM engine in this process, on this machine:
                     and with all of a reply's requests submitted at once (vLLM batches them,
                     prefix caching on: the strongest form of the baseline)
 
+and, for a committee of 4 members sharing this one engine (the devnet's and the tests' set-up),
+each of another set of replies scored by all 4 at once:
+
+  shared passes     the members' identical calls share one pass (model_node.engine.SharedPasses)
+  one pass each     each member's call runs its own pass (the engine's pass called directly)
+
 Prints ONE JSON line: verifications per minute of each method and the speed-ups
-(goal: single pass >= 20x token-by-token), plus the largest |logprob| difference between the
-two methods (they must compute the same numbers). Progress goes to stderr.
+(goal: single pass >= 20x token-by-token), the committee's seconds both ways and their ratio,
+plus the largest |logprob| difference between the two methods (they must compute the same
+numbers). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -96,6 +103,18 @@ async def _token_by_token(engine, replies, top_k: int, batched: bool):
     return time.perf_counter() - t0, logprobs
 
 
+async def _committee(engine, replies, top_k: int, shared: bool, members: int = 4) -> float:
+    """Seconds for `members` verifiers to score every reply at once on this one engine."""
+    t0 = time.perf_counter()
+    for ids, reply in replies:
+        if shared:
+            calls = [engine.score(ids, token_ids=reply, top_k=top_k) for _ in range(members)]
+        else:
+            calls = [engine._score_pass(list(ids), list(reply), top_k) for _ in range(members)]
+        await asyncio.gather(*calls)
+    return time.perf_counter() - t0
+
+
 async def main(args) -> dict:
     from gentorrent.config import SCORING
     from model_node import catalogue
@@ -103,8 +122,9 @@ async def main(args) -> dict:
 
     engine = await Engine.start(catalogue.resolve(args.model))
     try:
-        _progress(f"engine up in {engine.startup_s:.0f} s; sampling {args.replies} replies of {args.tokens} tokens")
-        replies = await _sample_replies(engine, args.replies, args.tokens)
+        _progress(f"engine up in {engine.startup_s:.0f} s; sampling 2 x {args.replies} replies of {args.tokens} tokens")
+        sampled = await _sample_replies(engine, 2 * args.replies, args.tokens)  # half for the committee
+        replies, others = sampled[:args.replies], sampled[args.replies:]
         n_tokens = sum(len(r) for _, r in replies)
         await engine.score(replies[0][0], token_ids=replies[0][1][:4], top_k=SCORING.top_k)  # warm-up
         single_s, single = await _single_pass(engine, replies, SCORING.top_k)
@@ -114,6 +134,9 @@ async def main(args) -> dict:
         _progress(f"token by token, sequential: {seq_s:.2f} s for {k} replies")
         bat_s, bat_lp = await _token_by_token(engine, replies[:k], SCORING.top_k, batched=True)
         _progress(f"token by token, batched: {bat_s:.2f} s for {k} replies")
+        own_s = await _committee(engine, others, SCORING.top_k, shared=False)  # first: keeps nothing
+        shared_s = await _committee(engine, others, SCORING.top_k, shared=True)
+        _progress(f"committee of 4: {own_s:.2f} s one pass each, {shared_s:.2f} s shared, {len(others)} replies")
     finally:
         engine.shutdown()
     # where the reply token is in the top-k both methods must compute the same log-probability
@@ -130,6 +153,8 @@ async def main(args) -> dict:
         "speedup_vs_sequential": round(single_rate / seq_rate, 1),
         "speedup_vs_batched": round(single_rate / bat_rate, 1),
         "goal_speedup": 20.0,
+        "committee_of_4_one_pass_each_s": round(own_s, 2), "committee_of_4_shared_s": round(shared_s, 2),
+        "shared_pass_speedup": round(own_s / shared_s, 2),
         "max_logprob_diff": round(diff, 5),
         "replies_single": len(replies), "replies_token_by_token": k,
         "machine_load_1min": round(os.getloadavg()[0], 2),

@@ -96,6 +96,18 @@ def reputation_table(state: devnet.DevnetState) -> list[dict]:
     return rows
 
 
+def _table_at(state: devnet.DevnetState, height: int, wait_s: float = 15.0) -> list[dict]:
+    """The reputation table once the certified directory has reached `height` (a light client
+    checks a height against the next block's app hash, so the directory trails the chain by a
+    block or two), or as it stands after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    rows = reputation_table(state)
+    while rows and rows[0]["height"] < height and time.monotonic() < deadline:
+        time.sleep(0.5)
+        rows = reputation_table(state)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     say(f"  {'model node':12s} {'node id':18s} {'serves':40s} {'reputation':>10s}  trusted")
     for r in rows:
@@ -165,7 +177,7 @@ def run_verification(state: devnet.DevnetState, timeout_s: float = VERIFY_TIMEOU
                 closed_at[summary.epoch] = summary.closed_height
                 if summary.epoch > closed:
                     closed = summary.epoch
-                    _say_epoch(summary, names, reputation_table(state))
+                    _say_epoch(summary, names, _table_at(state, summary.closed_height))
         for r in rows:
             if r["node_id"] in cheaters and r["trusted"] is False:
                 untrusted_at.setdefault(r["name"], closed)

@@ -112,12 +112,32 @@ def recorded(root: Path) -> list[str]:
     return sorted(_read_state(Path(root)))
 
 
+LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default ip_local_port_range
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The ports the kernel hands out on its own (listeners on port 0, outgoing connections)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL
+    return low, high
+
+
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
     """A base port with `count` consecutive free ports on `host` (gt-verifier init numbers
-    members from a base port). Free when checked: a race with another process stays possible."""
+    members from a base port). Free when checked: a race with another process stays possible.
+    Drawn below the kernel's ephemeral range where there is room: a port chosen now and bound
+    minutes later (a committee that starts after its reference engine) must not be taken in
+    between by a listener on port 0 or an outgoing connection (seen: a demo's verifier failed to
+    bind). Fixed ports start at 10000."""
+    low, high = ephemeral_ports()
+    start, stop = 10000, low - count
+    if stop - start < 1000:  # a range that leaves no room below it: above it, else anywhere
+        start, stop = (high + 1, 65535 - count) if 65535 - count - high > 1000 else (10000, 65535 - count)
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 65535 - count)
+        base = rng.randrange(start, stop)
         socks: list[socket.socket] = []
         try:
             for i in range(count):

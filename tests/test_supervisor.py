@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from devnet import supervisor
 from devnet.supervisor import Supervisor, stop_recorded, wait_until
 
 
@@ -31,3 +32,13 @@ def test_killed_node_is_reported_dead(tmp_path):
     sup.kill("victim")
     assert not sup.alive("victim") and sup.exit_code("victim") == -9
     sup.stop_all(grace_s=1)
+
+
+def test_port_blocks_are_drawn_outside_the_kernels_ephemeral_range(monkeypatch):
+    """A block chosen now and bound minutes later must not be handed meanwhile to a listener on
+    port 0 or to an outgoing connection (a demo's verifier once failed to bind its port)."""
+    low, high = supervisor.ephemeral_ports()
+    bases = [supervisor.free_port_block(4) for _ in range(30)]
+    assert all(not (low <= b + i <= high) for b in bases for i in range(4)), (low, high, bases)
+    monkeypatch.setattr(supervisor, "ephemeral_ports", lambda: (1024, 60999))  # no room below: above
+    assert all(supervisor.free_port_block(2) > 60999 for _ in range(10))
