@@ -197,7 +197,7 @@ class Engine:
     params: ModelNodeParams = MODEL_NODE
     startup_s: float = 0.0
     _inflight: int = field(default=0, init=False)
-    shared_passes: SharedPasses = field(default=None, init=False)  # type: ignore[assignment]
+    shared_passes: SharedPasses = field(init=False)
 
     def __post_init__(self) -> None:
         self.shared_passes = SharedPasses(self.params.shared_pass_tokens)

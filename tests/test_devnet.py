@@ -47,8 +47,8 @@ class _UsersAsking:
     cheater, the one that only audits catch (the group may still forward them: who served is
     what counts; the replayer falls to its repeated challenge replies, and a replayed 16-token
     ask tells the audits little). An epoch needs two audited garbage replies of a node to count
-    them (audits.condemning_count), and an epoch here lasts under a minute (5 s of pause, one
-    shared scoring pass per reply)."""
+    them (audits.condemning_count), and an epoch here lasts 40-80 s (5 s of pause, one shared
+    scoring pass per reply)."""
 
     def __init__(self, root: Path, audited: devnet.NodeInfo, interval_s: float = 2.0) -> None:
         import threading

@@ -222,11 +222,11 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             scores = {n: [s.score_micros / 1e6 for h in done for s in h.result if s.node_id.hex() == n]
                       for n in (honest, *zoo.values(), hung, garbage, badsig)}
             assert scores[honest] and min(scores[honest]) >= tau, scores  # honest: never abnormal
+            first = committee.trace[0][0]  # the first epoch that closed once every node had registered
             for kind, node in zoo.items():  # every cheater: abnormal, below the honest node, and untrusted
                 # within the paper's goal, counted in the epochs that closed since all registered
                 assert min(scores[node]) < tau and sum(scores[node]) / len(scores[node]) < min(scores[honest]), \
                     (kind, scores)
-                first = committee.trace[0][0]
                 verdict = next(e for e, _, _, reps in committee.trace if reps.get(kind, 1.0) < REPUTATION.untrusted_below)
                 assert verdict - first + 1 <= REPUTATION.goal_epochs, (kind, committee.trace)
             # echoes are rated down, though not every one: teacher forcing scores a copy of the
