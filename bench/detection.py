@@ -321,6 +321,7 @@ def score_rows(rows: list[dict]) -> list[dict]:
         out.append({"i": r["i"], "shape": spec["shape"], "temperature": spec["temperature"], "top_p": spec["top_p"],
                     "stream": spec["stream"], "tokens": len(r["scores"]),
                     "credibility": report.credibility if report else 0.0,
+                    "log_prob_bound": round(report.log_prob_bound, 2) if report else 0.0,
                     "inv_ppl": round(report.inv_ppl, 4) if report else 0.0,
                     "z": {k: round(v, 2) for k, v in report.z.items()} if report else {},
                     "prompt_hash": r["prompt_hash"], "output_hash": r["output_hash"]})
@@ -369,6 +370,15 @@ class AuditSim:
         return fold_credibility(challenge, [agreed[b"node"]])
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """A scored row as the committee's memory of outputs reads it (repeats.Scored)."""
+
+    n_tokens: int
+    credibility: float
+    log_prob_bound: float
+
+
 def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: bool = True,
                audits: AuditSim | None = None, audit_rng: random.Random | None = None) -> list[float]:
     """One node's reputation over `epochs`: one challenge per epoch drawn from its replies, through
@@ -389,7 +399,8 @@ def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: boo
     order = rng.sample(rows, len(rows)) if len(rows) >= epochs else [rng.choice(rows) for _ in range(epochs)]
     for row in order[:epochs]:
         prompt, output = bytes.fromhex(row["prompt_hash"]), bytes.fromhex(row["output_hash"])
-        cred = memory.judge("node", prompt, output, row["temperature"], row["tokens"], row["credibility"]) \
+        cred = memory.judge("node", prompt, output, row["temperature"], _Scored(row["tokens"], row["credibility"],
+                                                                                row["log_prob_bound"])) \
             if memory_on else row["credibility"]
         if audits is not None and audit_rng is not None and draws is not None:
             cred = audits.credibility(cred, audit_rng, draws)

@@ -280,8 +280,14 @@ class ScoringParams:
     max_out_of_support: float = 0.15  # share of out-of-support tokens that drives credibility to 0
     min_tokens: int = 1  # a reply with fewer scored tokens has credibility 0
     # a reply must answer its own prompt (verifier/epochs/repeats.py and the relevance test):
-    repeat_memory: int = 8  # outputs each member remembers per node (hashes only, never on chain)
+    repeat_memory: int = 32  # outputs each member remembers per node (hashes only, never on chain;
+    # challenges and audits, up to 16 a node per epoch, feed it)
     repeat_min_tokens: int = 16  # shorter outputs (or greedy ones) may repeat honestly
+    # ... and only outputs that honest sampling gives their own prompt with probability at most
+    # e^this (ScoreReport.log_prob_bound) are remembered or condemned: a canned reply, a copy the
+    # prompt asks for, is likely for many prompts, so its repeat proves nothing (and would let a
+    # user frame an honest node through audits)
+    repeat_max_log_prob: float = -20.0
     relevance_tokens: int = 16  # opening tokens of the relevance test
     relevance_slack_nats: float = 0.10  # its noise floor, nats per token
     relevance_tail_slack: float = 0.1  # added to the expected out-of-top-k count of the opening tokens

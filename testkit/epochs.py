@@ -40,7 +40,12 @@ SCRIPTED_PARAMS = replace(EPOCH_RUN, challenge_temperature=0.0, poll_s=0.1, prob
 HONEST_TOKENS = [5, 6, 7, 8, 9, 10]
 CHEAT_TOKENS = [900, 901, 902, 903]
 MODEL = "smollm2-135m"
-REPLAYED_TOKENS = [HONEST_TOKENS[i % len(HONEST_TOKENS)] for i in range(20)]  # one long reply, over and over
+#: one long reply, over and over: honestly sampled (at temperature 0.7) once, so the reference
+#: sees it as a sample, not as the greedy choice. Token 600 + r is the r-th likeliest at its position
+#: (SAMPLED_TOP), in the shares sampling at 0.7 gives (~0.6 / 0.3 / 0.1): improbable as a whole
+#: (ScoreReport.log_prob_bound ~ -40), which is what makes its repeat a replay (repeats.py)
+SAMPLED_TOP = (-0.7, -1.2, -2.0, -3.0)
+REPLAYED_TOKENS = [600 + (1, 1, 2, 1, 1, 2, 1, 3, 1, 2)[i % 10] for i in range(128)]
 BEHAVIOURS = ("honest", "cheat", "down", "replay", "reprompt", "lookup")
 
 
@@ -68,11 +73,16 @@ def in_public_pool(text: str) -> bool:
 
 
 class ScriptedReference:
-    """Honest tokens are the greedy choice."""
+    """Honest tokens are the greedy choice; a sampled token (600 + rank) is what its rank says."""
 
     async def score(self, request, token_ids):
         lps, ranks, tops = [], [], []
         for t in token_ids:
+            if 600 < t <= 600 + len(SAMPLED_TOP):
+                lps.append(SAMPLED_TOP[t - 601])
+                ranks.append(t - 600)
+                tops.append({601 + r: lp for r, lp in enumerate(SAMPLED_TOP)})
+                continue
             honest = t in HONEST_TOKENS
             lps.append(-0.05 if honest else -9.0)
             ranks.append(1 if honest else 40)

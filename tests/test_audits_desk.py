@@ -51,11 +51,26 @@ class SyntheticReference:
         return view(_logits(request), np.array(token_ids))
 
 
+#: distributions that ignore the prompt: the reference model following a replayed text entirely,
+#: as teacher forcing does after a reply's first tokens (worst case for the scoring pass)
+BLIND_LOGITS = reference_logits(np.random.default_rng(7), N_TOKENS)
+
+
+class BlindReference(SyntheticReference):
+    """A reference whose single pass sees every reply under BLIND_LOGITS, whatever its prompt."""
+
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int]):
+        self.scored += 1
+        return view(BLIND_LOGITS, np.array(token_ids))
+
+
 class Users:
-    """Users who ask one node and draw audit tickets honestly."""
+    """Users who ask one node and draw audit tickets honestly. The node is honest, a cheaper
+    model ("cheat"), or replays its first reply to every later prompt ("replay")."""
 
     def __init__(self, node: Identity, behaviour: str = "honest", seed: int = 0) -> None:
         self.node, self.behaviour = node, behaviour
+        self.replayed: list[int] | None = None
         self.rng = random.Random(seed)
         self.np_rng = np.random.default_rng(seed)
 
@@ -71,6 +86,10 @@ class Users:
         logits = _logits(request)
         if self.behaviour == "honest":
             tokens = sample(self.np_rng, logits, temperature, top_p)
+        elif self.behaviour == "replay":  # sampled honestly once (under BLIND_LOGITS), then given to everyone
+            if self.replayed is None:
+                self.replayed = [int(t) for t in sample(self.np_rng, BLIND_LOGITS, temperature, top_p)]
+            tokens = self.replayed
         else:  # a cheaper model on real traffic: correlated but wrong distributions
             tokens = sample(self.np_rng, logits * 0.6 + self.np_rng.normal(0, 2.0, logits.shape), temperature, top_p)
         tokens = [int(t) for t in tokens]
@@ -213,6 +232,31 @@ def test_a_node_that_cheats_only_on_real_traffic_is_caught_by_audits(node):
     for epoch in range(5):
         state = rep.update(state, epoch_cred, REPUTATION)
     assert state.untrusted
+
+
+def test_attack_a_node_that_replays_on_real_traffic_is_caught_by_its_audits(node, models):
+    """It answers challenges honestly and every user with the reply it sampled once, for another
+    prompt. Teacher forcing lets the reference follow the replayed text (here entirely: the
+    reference is blind to the prompt), so the scoring pass passes every audit; the member's
+    memory of the node's outputs (verifier/epochs/repeats.py) condemns every audit after the
+    first. The memory is the one the member's challenges use, so a challenge answered with
+    the same output is a replay too."""
+    from verifier.epochs.repeats import CommitteeMemory
+    from verifier.epochs.scoring import SamplingSpec, score_reply
+
+    shared = CommitteeMemory()
+    service = AuditService(lambda: models, BlindReference(), epoch=lambda: 1, clock_ms=lambda: NOW,
+                           params=replace(AUDITS, max_per_node_epoch=100), outputs=shared)
+    users = Users(node, "replay", seed=8)
+    for i in range(4):
+        assert service.submit(users.audited_ask(f"real question {i}").SerializeToString(), f"proxy-{i}").accepted
+    assert asyncio.run(service.score_queued()) == 4
+    report = score_reply(view(BLIND_LOGITS, np.array(users.replayed)), SamplingSpec(0.7))
+    assert report.credibility >= REPUTATION.abnormal_threshold  # the scoring pass alone passes each copy
+    assert sorted(service.credibilities(1)[node.node_id]) == [0.0, 0.0, 0.0, report.credibility]
+    assert fold_credibility(1.0, service.credibilities(1)[node.node_id]) < REPUTATION.abnormal_threshold
+    assert shared.judge(node.node_id.hex(), b"a challenge's prompt hash", receipts.output_hash(users.replayed),
+                        0.7, report) == 0.0
 
 
 def test_attack_more_audits_do_not_make_honest_noise_a_verdict():

@@ -21,13 +21,15 @@ from gentorrent.ledger.genesis import Genesis
 from gentorrent.ledger.sections import DirectoryFormatError
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from testkit.epochs import CHEAT_TOKENS, HONEST_TOKENS, MODEL, EpochCommittee, ScriptedModels, ScriptedReference
+from testkit.epochs import (CHEAT_TOKENS, HONEST_TOKENS, MODEL, REPLAYED_TOKENS, EpochCommittee, ScriptedModels,
+                            ScriptedReference)
 from verifier.epochs.audit_service import service_for
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
 
 
-def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False) -> bytes:
+def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False,
+                 temperature: float = 0.0) -> bytes:
     """One real ask of `node` that its user's draw selected for audit (the node cannot tell); a
     reusable one asks for as many tokens as a donation needs (AuditParams.donated_min_tokens)."""
     probe = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL)
@@ -35,17 +37,19 @@ def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: 
         ticket = audits.AuditTicket(rng.randbytes(32))
         if ticket.selects(probe):
             break
-    request = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL, temperature=0.0,
-                                      max_tokens=AUDITS.donated_min_tokens if reusable else 16,
+    request = generation.make_request(messages=[{"role": "user", "content": prompt}], model=MODEL,
+                                      temperature=temperature,
+                                      max_tokens=AUDITS.donated_min_tokens if reusable else max(16, len(tokens)),
                                       audit_commitment=ticket.commitment)
     receipt = receipts.make_receipt(node, MODEL, request, tokens, int(time.time() * 1000))
     return audits.make_submission(request, tokens, receipt, ticket, reusable).SerializeToString()
 
 
-async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int]]], acks: list[str],
+async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list[int], float]], acks: list[str],
                  reusable: bool = False) -> None:
     """Users' audits keep arriving at every member, sealed to its audit key from the genesis,
-    over its SubmitAudit RPC (what a proxy does: user_client/audit_handoff.py)."""
+    over its SubmitAudit RPC (what a proxy does: user_client/audit_handoff.py). `asks`: name ->
+    (the node asked, the tokens it answers every ask with, the asks' temperature)."""
     members = audits.members_of(Genesis.load(committee.homes[0] / "genesis.json"))
     assert len(members) == 4
     channels = {m.node_id: await tls.connect(m.address, m.tls_cert_pem) for m in members.values()}
@@ -53,8 +57,9 @@ async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list
     i = 0
     try:
         while True:
-            for name, (node, tokens) in asks.items():
-                data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}", reusable)
+            for name, (node, tokens, temperature) in asks.items():
+                data = _audited_ask(rng, node, tokens, f"a real question of {name}'s user, number {i}", reusable,
+                                    temperature)
                 for member in members.values():
                     sealed = pb.SealedAudit(sealed=audits.seal_for(member, data))
                     ack = await rpc.VerifierStub(channels[member.node_id]).SubmitAudit(sealed, timeout=10)
@@ -82,7 +87,7 @@ async def _epochs_with_users(tmp_path, models: ScriptedModels, nodes: list[Ident
     committee = EpochCommittee(tmp_path)
     await committee.start(models)
     for node, runner in zip(committee.nodes, committee.runners):
-        runner.audits = node.audits = service_for(node.epoch_host(), ScriptedReference())
+        runner.audits = node.audits = service_for(node.epoch_host(), ScriptedReference(), outputs=runner.outputs)
     feeding = None
     try:
         for port, ident in enumerate(nodes, 9001):
@@ -104,7 +109,7 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
     sly = models.add("honest")  # every challenge is answered honestly...
     honest = models.add("honest")
     # ...but the real asks of its users get wrong tokens
-    asks = {"sly": (sly, CHEAT_TOKENS), "honest": (honest, HONEST_TOKENS)}
+    asks = {"sly": (sly, CHEAT_TOKENS, 0.0), "honest": (honest, HONEST_TOKENS, 0.0)}
     async with _epochs_with_users(tmp_path, models, [sly, honest], sly, asks) as (committee, acks):
         sec = committee.section()
         done = [h for h in sec.history if h.phase == "done"]
@@ -113,6 +118,23 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
         assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
         assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
         assert "" in acks and all(r == "" or "registered" in r or "no more audits" in r for r in acks), set(acks)
+
+
+async def test_a_node_replaying_one_reply_to_its_users_is_untrusted_through_audits(tmp_path):
+    """It answers every challenge honestly and every user with the one reply it sampled once
+    (REPLAYED_TOKENS, at temperature 0.7: the scripted reference scores each copy as an honest
+    sample, as teacher forcing lets the real one do). Each member's memory of the node's outputs,
+    which its audit desk feeds (verifier/epochs/repeats.py), zeroes every copy after the first;
+    without it every audit scored 1.0 and the node stayed trusted."""
+    models = ScriptedModels()
+    replayer = models.add("honest")
+    honest = models.add("honest")
+    asks = {"replayer": (replayer, REPLAYED_TOKENS, 0.7), "honest": (honest, HONEST_TOKENS, 0.0)}
+    async with _epochs_with_users(tmp_path, models, [replayer, honest], replayer, asks) as (committee, _):
+        assert not committee.model(replayer).trusted, [r.log[-6:] for r in committee.runners]
+        assert len([h for h in committee.section().history if h.phase == "done"]) <= 5
+        assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
+        assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
 
 
 @pytest.mark.parametrize("reusable", [False, True])
@@ -126,7 +148,7 @@ async def test_attack_a_node_that_looks_challenges_up_in_the_public_corpus(tmp_p
     models = ScriptedModels()
     looker = models.add("lookup")
     honest = models.add("honest")
-    asks = {"honest": (honest, HONEST_TOKENS)}
+    asks = {"honest": (honest, HONEST_TOKENS, 0.0)}
     async with _epochs_with_users(tmp_path, models, [looker, honest], looker, asks, reusable) as (committee, _):
         notes = [line for r in committee.runners for line in r.log]
         donated = [line for line in notes if "made of users' donated asks" in line]

@@ -19,7 +19,7 @@ EPOCHS, RUNS = 12, 40
 
 def _rows(label: str, credibility: float, n: int = 16) -> list[dict]:
     """n recorded replies of one node, each to its own prompt with its own output."""
-    return [{"i": i, "temperature": 0.7, "tokens": 64, "credibility": credibility,
+    return [{"i": i, "temperature": 0.7, "tokens": 64, "credibility": credibility, "log_prob_bound": -60.0,
              "prompt_hash": f"{i:016x}", "output_hash": f"{hash((label, i)) & (2**64 - 1):016x}"} for i in range(n)]
 
 

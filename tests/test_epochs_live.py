@@ -1,6 +1,6 @@
 """Verification epochs end to end with real parts: a committee of 4 verifiers (real consensus over
-gRPC/TLS), real vLLM model nodes (the session's honest SmolLM2 node and a pruned SmolLM2 that
-claims to be SmolLM2, started here with `gt-model serve --dishonest pruned`), challenges asked
+gRPC/TLS), real vLLM model nodes (the session's honest SmolLM2 node and cheaters that claim to
+be SmolLM2, started here with `gt-model serve --dishonest KIND`), challenges asked
 through the real anonymous overlay by each verifier's own user node, scored by the reference
 model in one teacher-forced pass. Three more nodes registered as SmolLM2 are stand-ins in
 processes of their own (`python -m testkit.echo_model`, real keys, TLS, clove
@@ -13,10 +13,11 @@ Leaders that drop or forge the honest node's reply, or alter a reply, are caught
 honest node is unharmed.
 
 The cheaters started are GT_LIVE_CHEATERS (comma-separated model_node.cheaters kinds, default
-`pruned`); `GT_LIVE_CHEATERS=pruned,noisy,other-model,random` runs the four a committee catches
-on challenges alone (replay and selective run in tests/test_devnet.py, whose users' audits catch
-the selective one). `make test` runs the default: the four take five vLLM engines, ~20 GiB, and
-~10 minutes on 2 cores instead of ~3.
+`pruned,noisy,random`: three vLLM engines besides the session's, ~4.5 minutes on 2 cores);
+`GT_LIVE_CHEATERS=pruned,noisy,other-model,random` adds the fourth kind a committee catches on
+challenges alone, which `make test` leaves out: Gemma's engine takes 4.4 GiB more (~20 GiB in
+all), and without audits other-model needs up to the full 5 epochs (the test took 10 minutes).
+Replay and selective run in tests/test_devnet.py, whose users ask and hand in audits.
 
 Single-machine shortcuts, said out loud: the four verifiers run in this test process (each a
 full VerifierNode with its own keys, ports and TLS), and they share ONE reference engine, the
@@ -61,7 +62,7 @@ from model_node.cheaters import KINDS
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2-135m"
-CHEATERS = tuple(k.strip() for k in os.environ.get("GT_LIVE_CHEATERS", "pruned").split(","))
+CHEATERS = tuple(k.strip() for k in os.environ.get("GT_LIVE_CHEATERS", "pruned,noisy,random").split(","))
 CHAIN = "live"
 PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0,
                              challenge_spread_s=3.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
+from types import SimpleNamespace
 
 from gentorrent.config import SCORING
 from verifier.epochs.repeats import CommitteeMemory, OutputMemory
@@ -18,29 +19,87 @@ def _h(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+IMPROBABLE = -80.0  # log_prob_bound of a typical honestly sampled 128-token reply at T = 0.7 (-74..-115 recorded)
+
+
+def _r(credibility: float, n_tokens: int = 128, log_prob_bound: float = IMPROBABLE) -> SimpleNamespace:
+    """What the memory reads of the scoring pass's report (repeats.Scored)."""
+    return SimpleNamespace(n_tokens=n_tokens, credibility=credibility, log_prob_bound=log_prob_bound)
+
+
 def test_an_output_replayed_for_a_different_prompt_gets_credibility_zero():
     members = [CommitteeMemory() for _ in range(4)]
     for memory in members:  # every member attests the same replies, so all reach the same verdict
-        assert memory.judge("n", _h("prompt 1"), _h("reply A"), 0.7, 128, 0.97) == 0.97
-        assert memory.judge("n", _h("prompt 2"), _h("reply A"), 0.7, 128, 0.98) == 0.0
+        assert memory.judge("n", _h("prompt 1"), _h("reply A"), 0.7, _r(0.97)) == 0.97
+        assert memory.judge("n", _h("prompt 2"), _h("reply A"), 0.7, _r(0.98)) == 0.0
 
 
 def test_honest_replies_and_other_nodes_are_untouched():
     memory = CommitteeMemory()
     for i in range(50):
-        assert memory.judge("n", _h(f"prompt {i}"), _h(f"reply {i}"), 1.0, 128, 0.9) == 0.9
+        assert memory.judge("n", _h(f"prompt {i}"), _h(f"reply {i}"), 1.0, _r(0.9)) == 0.9
     # another node giving the same output is not this node's replay (two honest nodes may agree)
-    assert memory.judge("m", _h("prompt 49"), _h("reply 49"), 1.0, 128, 0.9) == 0.9
+    assert memory.judge("m", _h("prompt 49"), _h("reply 49"), 1.0, _r(0.9)) == 0.9
     # the same prompt asked again (a member's own probe) may honestly get the same output
-    assert memory.judge("n", _h("prompt 49"), _h("reply 49"), 1.0, 128, 0.9) == 0.9
+    assert memory.judge("n", _h("prompt 49"), _h("reply 49"), 1.0, _r(0.9)) == 0.9
 
 
 def test_greedy_or_short_outputs_never_count_as_replays():
     memory = CommitteeMemory()
     short = SCORING.repeat_min_tokens - 1
     for i in range(3):  # a canned greedy refusal may honestly answer two prompts
-        assert memory.judge("n", _h(f"p{i}"), _h("sorry"), 0.0, 128, 1.0) == 1.0
-        assert memory.judge("n", _h(f"q{i}"), _h("ok"), 0.7, short, 1.0) == 1.0
+        assert memory.judge("n", _h(f"p{i}"), _h("sorry"), 0.0, _r(1.0)) == 1.0
+        assert memory.judge("n", _h(f"q{i}"), _h("ok"), 0.7, _r(1.0, short)) == 1.0
+
+
+def test_attack_a_user_cannot_frame_an_honest_node_with_a_repeat_it_asked_for():
+    """The attack, through audits (users hand the committee their real asks, and this memory
+    holds those too): ask prompt A and receive a sampled, improbable output O; ask "repeat
+    exactly: O" and receive O again, likely for that prompt; hand in both receipts, in either
+    order. Without the bound (repeat_max_log_prob), two honest signed replies with one output for
+    two prompts condemned the node. An output counts only where it is improbable for its own
+    prompt, on both sides."""
+    likely = -0.4  # log_prob_bound of a copy the prompt asks for: near-greedy tokens
+    for first, second in (((_h("A"), IMPROBABLE), (_h("copy O"), likely)),
+                          ((_h("copy O"), likely), (_h("A"), IMPROBABLE))):
+        memory = CommitteeMemory()
+        for prompt, bound in (first, second):
+            assert memory.judge("n", prompt, _h("O"), 0.7, _r(1.0, log_prob_bound=bound)) == 1.0
+    # a reply a model gives every prompt (a refusal) is likely wherever it comes: never a replay
+    memory = CommitteeMemory()
+    assert all(memory.judge("n", _h(f"p{i}"), _h("refusal"), 1.0, _r(1.0, 40, -2.5)) == 1.0 for i in range(5))
+    # the same output improbable for two prompts is a replay, whichever prompt came first
+    assert memory.judge("n", _h("x"), _h("O"), 0.7, _r(1.0)) == 1.0
+    assert memory.judge("n", _h("y"), _h("O"), 0.7, _r(1.0, log_prob_bound=SCORING.repeat_max_log_prob)) == 0.0
+
+
+def test_the_log_prob_bound_never_understates_what_honest_sampling_gives():
+    """ScoreReport.log_prob_bound from the single pass's top-k: at least the exact log-probability
+    of the tokens under the tempered, truncated distribution the node sampled from (so a repeat
+    it calls improbable is), and near 0 for a reply the prompt determines."""
+    import numpy as np
+
+    from tests.test_epochs_scoring import log_softmax, reference_logits, sample, view
+    from verifier.epochs.scoring import SamplingSpec, score_reply
+
+    rng = np.random.default_rng(3)
+    for temperature, top_p in ((0.3, 1.0), (0.7, 1.0), (1.0, 0.9), (0.5, 0.8)):
+        logits = reference_logits(rng, 64)
+        tokens = sample(rng, logits, temperature, top_p)
+        exact = 0.0
+        for row, tok in zip(log_softmax(logits / temperature), tokens):
+            p = np.exp(row)
+            order = np.argsort(-p)
+            keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p) + 1)]
+            exact += float(row[tok] - np.log(p[keep].sum()))
+        bound = score_reply(view(logits, tokens), SamplingSpec(temperature, top_p)).log_prob_bound
+        assert exact <= bound + 1e-9 and bound < 0, (temperature, top_p, exact, bound)
+    greedy = reference_logits(rng, 64)
+    assert score_reply(view(greedy, greedy.argmax(axis=1)), SamplingSpec(0.7)).log_prob_bound == 0.0
+    # recorded honest replies of the real model: 128 sampled tokens at T >= 0.7 are improbable
+    for reply in _recorded():
+        if reply["temperature"] >= 0.7 and len(reply["scores"]) == 128:
+            assert _score(reply).log_prob_bound <= SCORING.repeat_max_log_prob, reply["shape"]
 
 
 def test_the_memory_is_bounded_per_node_and_in_nodes():
@@ -51,7 +110,7 @@ def test_the_memory_is_bounded_per_node_and_in_nodes():
     assert len(memory.seen) == 3 and memory.repeats(_h("x"), _h("r9")) and not memory.repeats(_h("x"), _h("r0"))
     committee = CommitteeMemory(params=params, max_nodes=5)
     for i in range(20):
-        committee.judge(f"node {i}", _h("p"), _h("r"), 0.7, 128, 1.0)
+        committee.judge(f"node {i}", _h("p"), _h("r"), 0.7, _r(1.0))
     assert len(committee.nodes) == 5 and "node 19" in committee.nodes
 
 

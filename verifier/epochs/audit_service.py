@@ -18,12 +18,13 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from gentorrent import audits
+from gentorrent import audits, receipts
 from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
 from gentorrent.ledger.epoch_txs import SCORE_SCALE
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.epochs.audits import AuditDesk, AuditRefused, audit_credibility, audit_score
+from verifier.epochs.audits import AuditDesk, AuditRefused, audit_report, audit_score
 from verifier.epochs.donations import DonatedPool, donation_of
+from verifier.epochs.repeats import CommitteeMemory
 from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,11 @@ class AuditService:
     def __init__(self, models: Callable[[], Mapping[bytes, audits.RegisteredModel]], reference: Scorer,
                  epoch: Callable[[], int], params: AuditParams = AUDITS, span_ms: int | None = None,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 audit_key: X25519PrivateKey | None = None) -> None:
-        """`audit_key`: the X25519 key users seal audits to (the member's box key)."""
+                 audit_key: X25519PrivateKey | None = None, outputs: CommitteeMemory | None = None) -> None:
+        """`audit_key`: the X25519 key users seal audits to (the member's box key); `outputs`: the
+        member's memory of each node's outputs, shared with its epoch runner (repeats.py)."""
         self.models, self.reference, self.epoch, self.params = models, reference, epoch, params
+        self.outputs = CommitteeMemory() if outputs is None else outputs
         self.audit_key = audit_key
         self.span_ms = epoch_span_ms() if span_ms is None else span_ms
         self.clock_ms = clock_ms
@@ -133,12 +136,17 @@ class AuditService:
             self._scored.add(audit.key)
             try:
                 scores = await self.reference.score(audit.request, list(audit.token_ids))
-                value = audit_credibility(audit, scores)
+                report = audit_report(audit, scores)
+                value = self.outputs.judge(audit.node_id.hex(), receipts.request_prompt_hash(audit.request),
+                                           receipts.output_hash(audit.token_ids), audit.request.sampling.temperature,
+                                           report)
             except (ScoringError, RuntimeError, ValueError) as exc:
                 log.info("audit of %s not scored: %s", audit.node_id.hex()[:16], exc)
                 continue
             if self.desk.epoch == epoch and audit.key in self.desk.this_epoch and not self._sampled(audit):
                 continue  # ranked out of the sample while it was being scored
+            if value != report.credibility:
+                log.info("audit of %s: output replayed from another prompt", audit.node_id.hex()[:16])
             self.results.setdefault(epoch, {}).setdefault(audit.node_id, {})[audit.key] = value
             self._unreported[audit.key] = (audit.node_id, value)
             done += 1
@@ -167,9 +175,10 @@ class AuditService:
         return {node: tuple(v.values()) for node, v in self.results.get(epoch, {}).items() if v}
 
 
-def service_for(host, reference: Scorer, params: AuditParams = AUDITS) -> AuditService:
+def service_for(host, reference: Scorer, params: AuditParams = AUDITS,
+                outputs: CommitteeMemory | None = None) -> AuditService:
     """The desk of a verifier node (its RunnerHost): the registry and the epoch number from
-    committed state, the member's box key as its audit key."""
+    committed state, the member's box key as its audit key, its runner's memory of outputs."""
     from gentorrent.ledger.sections import decode_directory
 
     def models() -> dict[bytes, pb.ModelEntry]:
@@ -180,4 +189,4 @@ def service_for(host, reference: Scorer, params: AuditParams = AUDITS) -> AuditS
         code, value = host.query("/epochs")
         return pb.EpochsSection.FromString(value).epoch if code == 0 else 0
 
-    return AuditService(models, reference, epoch, params, audit_key=host.box_private)
+    return AuditService(models, reference, epoch, params, audit_key=host.box_private, outputs=outputs)

@@ -21,8 +21,10 @@ checks that a submission is one of them). The desk adds what needs an epoch's me
   rank low;
 * scoring exactly like a challenge reply: the same single teacher-forced pass and the same
   honest-sampling tests (verifier/epochs/scoring.py) under the sampling parameters the node
-  signed. An honest node's reply scores ~1 whatever the prompt, so an audit cannot frame it:
-  the tokens scored are the ones the node signed, under the parameters it signed.
+  signed, and the same memory of the node's outputs (verifier/epochs/repeats.py: a real reply
+  that repeats an earlier output for another prompt is a replay). An honest node's reply scores
+  ~1 whatever the prompt, so an audit cannot frame it: the tokens scored are the ones the node
+  signed, under the parameters it signed.
 
 How audits weigh in an epoch (`audit_score`, `fold_credibility`): a node's audit score is
 the k-th LOWEST credibility of its n audits (the only one when there is one), and its epoch
@@ -53,9 +55,9 @@ from typing import Mapping, Sequence
 from gentorrent import audits
 from gentorrent.config import AUDITS, AuditParams
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
+from verifier.epochs.scoring import SamplingSpec, ScoreReport, TokenScores, score_reply
 
-__all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_credibility", "audit_score",
+__all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_report", "audit_score",
            "fold_credibility", "agree_audit_scores"]
 
 
@@ -119,9 +121,9 @@ def sampling_spec_of(request: pb.GenerateRequest) -> SamplingSpec:
                         top_k=int(s.top_k) if s.top_k > 0 else 0)
 
 
-def audit_credibility(audit: audits.CheckedAudit, scores: TokenScores) -> float:
-    """Credibility of one audited reply: the challenge scorer, under the audited sampling."""
-    return score_reply(scores, sampling_spec_of(audit.request)).credibility
+def audit_report(audit: audits.CheckedAudit, scores: TokenScores) -> ScoreReport:
+    """The scoring pass's report on one audited reply: the challenge scorer, under the audited sampling."""
+    return score_reply(scores, sampling_spec_of(audit.request))
 
 
 @functools.lru_cache(maxsize=1024)

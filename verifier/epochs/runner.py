@@ -515,7 +515,7 @@ class EpochRunner:
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
                 continue
             cred = self.outputs.judge(server, full.receipt.prompt_hash, full.receipt.output_hash, sampling.temperature,
-                                      report.n_tokens, report.credibility)
+                                      report)
             # a forwarded reply is the server's sample, not the probed node's (rules._agree)
             scores.append(epoch_txs.Verdict(r.node_id, epoch_txs.to_micros(cred),
                                             epoch_txs.VERDICT_FORWARDED if forwarded else epoch_txs.VERDICT_SCORED,

@@ -140,6 +140,9 @@ class ScoreReport:
     z: Mapping[str, float]  # the tests' z-scores (0 = exactly what honest sampling gives)
     factors: Mapping[str, float]
     credibility: float
+    # an upper bound on the log-probability that honest sampling gives exactly these tokens:
+    # whether a repeat of this output for another prompt proves a replay (verifier/epochs/repeats.py)
+    log_prob_bound: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -241,9 +244,11 @@ def score_reply(
     top1_exp = top1_var = tail_exp = tail_var = rel_obs = rel_var = rel_tail_exp = 0.0
     rel_tail = 0
     n_rel = min(n, params.relevance_tokens)
+    bound = 0.0
     for i, (lp, rank, top) in enumerate(zip(lps, scores.rank, scores.top_logprobs)):
         top_sorted = sorted((max(LOGPROB_FLOOR, v) for v in top.values()), reverse=True)
         pos = _position(top_sorted, sampling, params.tie_nats)
+        bound += _token_log_bound(lp, top_sorted[0], sampling, params.tie_nats)
         if i < n_rel:  # relevance: the opening tokens must follow from the prompt itself
             rel_obs += max(lp, pos.lowest) - pos.mu_all
             rel_var += pos.var_all
@@ -310,7 +315,19 @@ def score_reply(
         z=zs,
         factors=factors,
         credibility=min(1.0, max(0.0, cred)),
+        log_prob_bound=bound,
     )
+
+
+def _token_log_bound(lp: float, top1: float, sampling: SamplingSpec, tie: float) -> float:
+    """An upper bound on log q(t) for the tempered, truncated distribution q the node sampled
+    from: q(t) = p(t)^(1/T) / sum over the kept tokens of p^(1/T), and the kept tokens always
+    include the argmax, so q(t) <= (p(t) / p(top1))^(1/T) -- whatever top_p and top_k cut. A
+    token within `tie` of the argmax counts as the argmax (engines differ by that much)."""
+    margin = min(0.0, lp - top1 + tie)
+    if sampling.temperature < _GREEDY_T:
+        return 0.0 if margin == 0.0 else LOGPROB_FLOOR  # greedy: only the argmax can come out
+    return margin / sampling.temperature
 
 
 def credibility(

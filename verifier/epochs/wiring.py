@@ -49,7 +49,8 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
     runner = EpochRunner(host, reference, prober, params, faults)
     if user is not None:
         runner.on_stop.append(user.stop)
-    node.audits = runner.audits = service_for(host, reference, audits)
+    # one memory of each node's outputs for challenges and audits: a replay is caught in either
+    node.audits = runner.audits = service_for(host, reference, audits, outputs=runner.outputs)
     scoring = asyncio.ensure_future(node.audits.run(params.poll_s * 10))
     runner.on_stop.append(lambda: _cancel(scoring))
     runner.on_stop.append(reference.close)
