@@ -539,9 +539,10 @@ def _node_view(n: NodeInfo, certified: dict) -> dict:
 
 
 def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int = 64,
-        timeout: float = 300.0) -> dict:
+        timeout: float = 300.0, temperature: float = 0.0) -> dict:
     """Ask through user node `user`'s overlay (its OpenAI-compatible chat endpoint, so the
-    model node applies the chat template); the answer with its route named by node."""
+    model node applies the chat template); the answer with its route named by node. Greedy by
+    default, so that the demo's answer is the same on every run."""
     state = DevnetState.load(Path(root).resolve())
     users = state.of_role("user")
     if not 0 <= user < len(users):
@@ -549,7 +550,7 @@ def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int =
     t0 = time.monotonic()
     reply = _http_json(users[user].extra["api"] + "/v1/chat/completions",
                        {"model": MODEL_NODE.default_model, "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": max_tokens, "temperature": 0.0}, timeout=timeout)
+                        "max_tokens": max_tokens, "temperature": temperature}, timeout=timeout)
     overlay = reply.get("gentorrent", {})
     answer = {"text": reply["choices"][0]["message"]["content"], "model": reply.get("model"),
               "tokens": reply.get("usage", {}).get("completion_tokens", 0), **overlay}
@@ -565,7 +566,7 @@ def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int =
 
 
 def ask_node(prompt: str, node: NodeInfo, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int = 16,
-             timeout: float = 300.0) -> dict:
+             timeout: float = 300.0, temperature: float = 0.0) -> dict:
     """Ask through user node `user`'s overlay, sending the query to the model node `node` (a
     user may pick the node; `gt-user ask` through its API's node_id). The answer names the
     node it was sent to (`sent_to`) and the one that served and signed it (`served_by`)."""
@@ -573,7 +574,7 @@ def ask_node(prompt: str, node: NodeInfo, root: Path = DEFAULT_ROOT, user: int =
     asker = state.of_role("user")[user]
     answer = _http_json(asker.extra["api"] + "/gt/ask",
                         {"prompt": prompt, "model": MODEL_NODE.default_model, "node_id": node.node_id,
-                         "max_tokens": max_tokens, "temperature": 0.0}, timeout=timeout)
+                         "max_tokens": max_tokens, "temperature": temperature}, timeout=timeout)
     answer["sent_to"] = answer["attempts"][-1]["node"] if answer.get("attempts") else node.node_id
     answer["sent_to_name"] = state.name_of(node_id=answer["sent_to"])
     answer["served_by_name"] = state.name_of(node_id=answer.get("served_by", ""))

@@ -45,8 +45,9 @@ class _UsersAsking:
     its asks (rate 1 in this devnet), so a node that serves real asks badly is scored on them.
     Half the asks go through the users' own choice of node, half are sent to the selective
     cheater, the one that only audits catch (the group may still forward them: who served is
-    what counts; the replayer falls to its repeated challenge replies, and a replayed 16-token
-    ask tells the audits little). An epoch needs two audited garbage replies of a node to count
+    what counts). Users sample at temperature 0.7, as clients do, so the audits of the replayer's
+    real replies meet each member's memory of its outputs, as its challenges do
+    (verifier/epochs/repeats.py). An epoch needs two audited garbage replies of a node to count
     them (audits.condemning_count), and an epoch here lasts 40-80 s (5 s of pause, one shared
     scoring pass per reply)."""
 
@@ -76,9 +77,10 @@ class _UsersAsking:
             try:
                 if i % 2:
                     answer = devnet.ask_node(question, self.audited, self.root, user=i % CLOVES.n, max_tokens=16,
-                                             timeout=60)
+                                             timeout=60, temperature=0.7)
                 else:
-                    answer = devnet.ask(question, self.root, user=i % CLOVES.n, max_tokens=16, timeout=60)
+                    answer = devnet.ask(question, self.root, user=i % CLOVES.n, max_tokens=16, timeout=60,
+                                        temperature=0.7)
                 self.served_by[answer["served_by"]] = self.served_by.get(answer["served_by"], 0) + 1
             except Exception as exc:  # an untrusted node refusing, a timeout: the next ask goes on
                 self.errors.append(str(exc)[:200])
@@ -213,6 +215,11 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
             assert asking.served_by.get(models[3].node_id, 0) >= 1, asking.served_by
             audits = [devnet.user_status(u)["audits"] for u in state.of_role("user")]
             assert sum(a.get("handed_in", 0) for a in audits) >= 1, audits
+            replays = sum(line.startswith(f"audit of {models[2].node_id[:16]}") and "output replayed" in line
+                          for log in (root / "logs").glob("verifier-*.log")
+                          for line in (entry.partition(" INFO ")[2] for entry in log.read_text().splitlines()))
+            print(f"the replayer served {asking.served_by.get(models[2].node_id, 0)} real asks; the members "
+                  f"zeroed {replays} audits of them as replays")
             # and it leaves the users' routing: the next ask is served by the honest node
             assert demo.ask_after_verdict(state, root, "Say hello.")["served_by"] in {m.node_id for m in models[:2]}
         else:

@@ -145,8 +145,9 @@ class AuditService:
                 continue
             if self.desk.epoch == epoch and audit.key in self.desk.this_epoch and not self._sampled(audit):
                 continue  # ranked out of the sample while it was being scored
-            if value != report.credibility:
-                log.info("audit of %s: output replayed from another prompt", audit.node_id.hex()[:16])
+            log.info("audit of %s: credibility %.3f%s (%d tokens at T %.2f, log p <= %.0f)", audit.node_id.hex()[:16],
+                     value, " (output replayed from another prompt)" if value != report.credibility else "",
+                     report.n_tokens, audit.request.sampling.temperature, report.log_prob_bound)
             self.results.setdefault(epoch, {}).setdefault(audit.node_id, {})[audit.key] = value
             self._unreported[audit.key] = (audit.node_id, value)
             done += 1

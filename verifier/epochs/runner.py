@@ -523,7 +523,8 @@ class EpochRunner:
             replayed = " (output replayed from another prompt)" if cred != report.credibility else ""
             via = f" (serving {node[:12]}'s challenge, forwarded to it)" if forwarded else ""
             self._note(f"epoch {epoch}: {server[:12]} credibility {cred:.3f}{replayed}{via} "
-                       f"(1/ppl {report.inv_ppl:.3f}, z {dict((k, round(v, 1)) for k, v in report.z.items())})")
+                       f"(1/ppl {report.inv_ppl:.3f}, log p <= {report.log_prob_bound:.0f}, "
+                       f"z {dict((k, round(v, 1)) for k, v in report.z.items())})")
         ident = self.host.identity
         return await self._submit(lambda s, c: epoch_txs.attestation(ident, epoch, scores, s, chain_id=c),
                                   f"epoch {epoch} attestation")

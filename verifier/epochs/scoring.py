@@ -248,7 +248,7 @@ def score_reply(
     for i, (lp, rank, top) in enumerate(zip(lps, scores.rank, scores.top_logprobs)):
         top_sorted = sorted((max(LOGPROB_FLOOR, v) for v in top.values()), reverse=True)
         pos = _position(top_sorted, sampling, params.tie_nats)
-        bound += _token_log_bound(lp, top_sorted[0], sampling, params.tie_nats)
+        bound += _token_log_bound(lp, rank, top_sorted, sampling, params.tie_nats)
         if i < n_rel:  # relevance: the opening tokens must follow from the prompt itself
             rel_obs += max(lp, pos.lowest) - pos.mu_all
             rel_var += pos.var_all
@@ -319,15 +319,23 @@ def score_reply(
     )
 
 
-def _token_log_bound(lp: float, top1: float, sampling: SamplingSpec, tie: float) -> float:
-    """An upper bound on log q(t) for the tempered, truncated distribution q the node sampled
-    from: q(t) = p(t)^(1/T) / sum over the kept tokens of p^(1/T), and the kept tokens always
-    include the argmax, so q(t) <= (p(t) / p(top1))^(1/T) -- whatever top_p and top_k cut. A
-    token within `tie` of the argmax counts as the argmax (engines differ by that much)."""
-    margin = min(0.0, lp - top1 + tie)
-    if sampling.temperature < _GREEDY_T:
-        return 0.0 if margin == 0.0 else LOGPROB_FLOOR  # greedy: only the argmax can come out
-    return margin / sampling.temperature
+def _token_log_bound(lp: float, rank: int, top_sorted: list[float], sampling: SamplingSpec, tie: float) -> float:
+    """An upper bound on log q(t) for the tempered, truncated distribution q the node sampled t
+    from: q(t) = p(t)^(1/T) / Z, Z the sum of p^(1/T) over the tokens the sampler kept. Z is at
+    least t's own weight plus the weights of the top-k tokens surely kept with t: all of them
+    without truncation; under top_p or top_k (which keep a prefix of the likeliest tokens) those
+    clearly likelier than t. Engines differ by up to `tie` nats, so t's log p counts `tie` higher
+    and the others' `tie` lower."""
+    if sampling.temperature < _GREEDY_T:  # greedy: only the argmax can come out
+        return 0.0 if lp >= top_sorted[0] - tie else LOGPROB_FLOOR
+    inv_t = 1.0 / sampling.temperature
+    others = [v for i, v in enumerate(top_sorted) if i != rank - 1]
+    if sampling.top_p < 1.0 or sampling.top_k > 0:
+        others = [v for v in others if v - tie >= lp + tie]
+    mine = (lp + tie) * inv_t
+    weights = [mine] + [(v - tie) * inv_t for v in others]
+    top = max(weights)
+    return min(0.0, mine - top - math.log(math.fsum(math.exp(w - top) for w in weights)))
 
 
 def credibility(
