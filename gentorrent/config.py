@@ -282,11 +282,12 @@ class ScoringParams:
     # a reply must answer its own prompt (verifier/epochs/repeats.py and the relevance test):
     repeat_memory: int = 32  # outputs each member remembers per node (hashes only, never on chain;
     # challenges and audits, up to 16 a node per epoch, feed it)
-    repeat_min_tokens: int = 16  # shorter outputs (or greedy ones) may repeat honestly
-    # ... and only outputs that honest sampling gives their own prompt with probability at most
-    # e^this (ScoreReport.log_prob_bound) are remembered or condemned: a canned reply, a copy the
-    # prompt asks for, is likely for many prompts, so its repeat proves nothing (and would let a
-    # user frame an honest node through audits)
+    repeat_min_tokens: int = 8  # shorter outputs never count (the bound below decides the rest; a
+    # replayer's short greedy answer, 12 tokens in the devnet, replayed to sampled asks bounds at ~e^-56)
+    # ... and a repeat condemns only when the chance that honest sampling repeated the output is
+    # at most e^this (ScoreReport.log_prob_bound, summed as repeats.py says): a canned reply, a copy
+    # the prompt asks for, is likely for many prompts, so its repeat proves nothing (and would let
+    # a user frame an honest node through audits)
     repeat_max_log_prob: float = -20.0
     relevance_tokens: int = 16  # opening tokens of the relevance test
     relevance_slack_nats: float = 0.10  # its noise floor, nats per token

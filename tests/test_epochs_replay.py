@@ -12,7 +12,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from gentorrent.config import SCORING
-from verifier.epochs.repeats import CommitteeMemory, OutputMemory
+from verifier.epochs.repeats import CommitteeMemory, Occurrence, OutputMemory
 
 
 def _h(text: str) -> bytes:
@@ -55,22 +55,35 @@ def test_greedy_or_short_outputs_never_count_as_replays():
 def test_attack_a_user_cannot_frame_an_honest_node_with_a_repeat_it_asked_for():
     """The attack, through audits (users hand the committee their real asks, and this memory
     holds those too): ask prompt A and receive a sampled, improbable output O; ask "repeat
-    exactly: O" and receive O again, likely for that prompt; hand in both receipts, in either
-    order. Without the bound (repeat_max_log_prob), two honest signed replies with one output for
-    two prompts condemned the node. An output counts only where it is improbable for its own
-    prompt, on both sides."""
-    likely = -0.4  # log_prob_bound of a copy the prompt asks for: near-greedy tokens
-    for first, second in (((_h("A"), IMPROBABLE), (_h("copy O"), likely)),
-                          ((_h("copy O"), likely), (_h("A"), IMPROBABLE))):
+    exactly: O" again and again and hand in every copy the node repeated, in any order. Without
+    the bound (repeat_max_log_prob), two honest signed replies with one output for two prompts
+    condemned the node. An audited copy counts only where honest sampling gives it with
+    probability at most e^-20, and one occurrence (the honest sample) is always set aside."""
+    likely = -0.4  # log_prob_bound of a copy the prompt asks for: near-certain tokens
+    copies = [(_h(f"copy O, take {i}"), likely) for i in range(40)]
+    for order in ([(_h("A"), IMPROBABLE)] + copies, copies + [(_h("A"), IMPROBABLE)]):
         memory = CommitteeMemory()
-        for prompt, bound in (first, second):
-            assert memory.judge("n", prompt, _h("O"), 0.7, _r(1.0, log_prob_bound=bound)) == 1.0
+        for prompt, bound in order:
+            assert memory.judge("n", prompt, _h("O"), 0.7, _r(1.0, log_prob_bound=bound), audited=True) == 1.0
     # a reply a model gives every prompt (a refusal) is likely wherever it comes: never a replay
     memory = CommitteeMemory()
-    assert all(memory.judge("n", _h(f"p{i}"), _h("refusal"), 1.0, _r(1.0, 40, -2.5)) == 1.0 for i in range(5))
-    # the same output improbable for two prompts is a replay, whichever prompt came first
-    assert memory.judge("n", _h("x"), _h("O"), 0.7, _r(1.0)) == 1.0
-    assert memory.judge("n", _h("y"), _h("O"), 0.7, _r(1.0, log_prob_bound=SCORING.repeat_max_log_prob)) == 0.0
+    assert all(memory.judge("n", _h(f"p{i}"), _h("refusal"), 1.0, _r(1.0, 40, -0.3)) == 1.0 for i in range(30))
+    # the same output improbable for two prompts is a replay, whichever came first, audited or not
+    assert memory.judge("n", _h("x"), _h("O"), 0.7, _r(1.0), audited=True) == 1.0
+    assert memory.judge("n", _h("y"), _h("O"), 0.7, _r(1.0, log_prob_bound=SCORING.repeat_max_log_prob),
+                        audited=True) == 0.0
+
+
+def test_a_generic_reply_replayed_to_challenge_after_challenge_adds_up():
+    """A replayer whose one output is plausible for many prompts (each copy e^-8 likely): no
+    single repeat is evidence, but the committee chose every challenge and scores every reply,
+    so the coincidences multiply: e^-16 after the second repeat, e^-24 after the third. The same
+    copies handed in as audits never add up (a user may have picked them out of many asks)."""
+    challenges, audits = CommitteeMemory(), CommitteeMemory()
+    verdicts = [challenges.judge("n", _h(f"challenge {i}"), _h("generic"), 0.7, _r(0.9, 32, -8.0)) for i in range(4)]
+    assert verdicts == [0.9, 0.9, 0.9, 0.0]
+    assert all(audits.judge("n", _h(f"ask {i}"), _h("generic"), 0.7, _r(0.9, 32, -8.0), audited=True) == 0.9
+               for i in range(10))
 
 
 def test_the_log_prob_bound_never_understates_what_honest_sampling_gives():
@@ -107,8 +120,9 @@ def test_the_memory_is_bounded_per_node_and_in_nodes():
     params = replace(SCORING, repeat_memory=3)
     memory = OutputMemory(params=params)
     for i in range(10):
-        memory = memory.remember(_h(f"p{i}"), _h(f"r{i}"))
-    assert len(memory.seen) == 3 and memory.repeats(_h("x"), _h("r9")) and not memory.repeats(_h("x"), _h("r0"))
+        memory = memory.remember(Occurrence(_h(f"p{i}"), _h(f"r{i}"), IMPROBABLE, False))
+    assert len(memory.seen) == 3 and memory.evidence(Occurrence(_h("x"), _h("r9"), IMPROBABLE, False)) == IMPROBABLE
+    assert memory.evidence(Occurrence(_h("x"), _h("r0"), IMPROBABLE, False)) is None
     committee = CommitteeMemory(params=params, max_nodes=5)
     for i in range(20):
         committee.judge(f"node {i}", _h("p"), _h("r"), 0.7, _r(1.0))

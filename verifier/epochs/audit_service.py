@@ -139,7 +139,7 @@ class AuditService:
                 report = audit_report(audit, scores)
                 value = self.outputs.judge(audit.node_id.hex(), receipts.request_prompt_hash(audit.request),
                                            receipts.output_hash(audit.token_ids), audit.request.sampling.temperature,
-                                           report)
+                                           report, audited=True)
             except (ScoringError, RuntimeError, ValueError) as exc:
                 log.info("audit of %s not scored: %s", audit.node_id.hex()[:16], exc)
                 continue

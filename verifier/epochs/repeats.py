@@ -17,18 +17,22 @@ every member a copy of each audit, but each member scores its own random sample 
 audits (verifier/epochs/audits.py), so memories may differ in those outputs; a replayer repeats
 its outputs, so it meets every member's memory soon enough.
 
-What counts as a repeat, so that no one can frame an honest node with one. Only outputs of at
-least `repeat_min_tokens` tokens sampled at a temperature above zero count, and only when the
-scoring pass bounds the chance that honest sampling gives exactly this output for its own prompt
-by e^`repeat_max_log_prob` (ScoreReport.log_prob_bound). An output is remembered only under
-that condition, and condemned only under it again, for a different prompt. Why both sides: a
-user who audits (users hand the committee their real asks, and this memory holds those too)
-could otherwise ask prompt A, receive a sampled, improbable output O, then ask "repeat exactly:
-O" and receive O again, likely for that prompt: with a one-sided rule, two honest signed replies
-would condemn the node. With the rule on both sides, an honest node repeats an output only if it
-draws, for a second prompt, an output that prompt gives with probability at most e^-20. A canned
-reply (greedy, or a refusal the model gives every prompt) is likely wherever it appears, so it
-never counts; a greedy replay falls to the scoring pass's support test instead.
+What counts as evidence, so that no one can frame an honest node with a repeat. Only outputs
+of at least `repeat_min_tokens` tokens sampled at a temperature above zero count. For each reply
+the scoring pass bounds the chance that honest sampling gives exactly this output for its own
+prompt (ScoreReport.log_prob_bound, b). When a node has given one output to several prompts, one
+of them may be its honest sample, whatever its b; the others are coincidences of probability at
+most e^b each. So the evidence is the sum of the b of all occurrences but the one most favourable
+to the node, and the output is a replay when that sum is at most `repeat_max_log_prob` (e^-20).
+Challenge occurrences always count: the committee chose their prompts and scores every reply, so
+a sum over them is the chance of the whole coincidence (a generic reply replayed to challenge
+after challenge is caught once its repeats add up). An audited occurrence counts only when its
+own b is at most the bound: users choose which replies to hand in, so a user who asks prompt A,
+receives a sampled output O, then asks "repeat exactly: O" until the node repeats it, and hands
+in the copies, selects likely coincidences; only one that honest sampling gives with probability
+at most e^-20 can be selected at that price, and then it is evidence on its own. A canned reply
+(a refusal a model gives every prompt) is likely wherever it comes, so it never adds up; a greedy
+replay falls to the scoring pass's support test instead.
 
 Challenges and audits share one memory per member (verifier/epochs/wiring.py): a node that
 replays on real traffic, or hands a challenge the answer it gave a user, is caught the same way.
@@ -42,7 +46,7 @@ from typing import Protocol
 
 from gentorrent.config import SCORING, ScoringParams
 
-__all__ = ["OutputMemory", "CommitteeMemory", "Scored"]
+__all__ = ["Occurrence", "OutputMemory", "CommitteeMemory", "Scored"]
 
 
 class Scored(Protocol):
@@ -54,18 +58,36 @@ class Scored(Protocol):
 
 
 @dataclass(frozen=True)
-class OutputMemory:
-    """One node's last outputs as (prompt hash, output hash) pairs, oldest first."""
+class Occurrence:
+    """One reply's output as the memory keeps it (hashes only)."""
 
-    seen: tuple[tuple[bytes, bytes], ...] = ()
+    prompt_hash: bytes
+    output_hash: bytes
+    log_prob_bound: float  # ScoreReport.log_prob_bound of the reply
+    audited: bool  # a user's audit (the user chose to hand it in), not a challenge
+
+
+@dataclass(frozen=True)
+class OutputMemory:
+    """One node's last outputs, oldest first."""
+
+    seen: tuple[Occurrence, ...] = ()
     params: ScoringParams = field(default=SCORING, compare=False)
 
-    def repeats(self, prompt_hash: bytes, output_hash: bytes) -> bool:
-        """Whether this output was already given to a different prompt."""
-        return any(out == output_hash and prompt != prompt_hash for prompt, out in self.seen)
+    def evidence(self, new: Occurrence) -> float | None:
+        """The log of the chance that `new` and the earlier occurrences of its output for other
+        prompts all came from honest sampling, but for the one most favourable to the node
+        (module docstring); None when the output was not given to another prompt."""
+        by_prompt = {o.prompt_hash: o for o in self.seen if o.output_hash == new.output_hash}
+        by_prompt[new.prompt_hash] = new
+        if len(by_prompt) < 2:
+            return None
+        limit = self.params.repeat_max_log_prob
+        counted = [o.log_prob_bound for o in by_prompt.values() if not o.audited or o.log_prob_bound <= limit]
+        return sum(counted) - min(counted, default=0.0)
 
-    def remember(self, prompt_hash: bytes, output_hash: bytes) -> "OutputMemory":
-        kept = (self.seen + ((prompt_hash, output_hash),))[-max(1, self.params.repeat_memory):]
+    def remember(self, new: Occurrence) -> "OutputMemory":
+        kept = (self.seen + (new,))[-max(1, self.params.repeat_memory):]
         return OutputMemory(kept, self.params)
 
 
@@ -78,14 +100,16 @@ class CommitteeMemory:
     nodes: dict[str, OutputMemory] = field(default_factory=dict)
 
     def judge(self, node_id: str, prompt_hash: bytes, output_hash: bytes, temperature: float,
-              report: Scored) -> float:
+              report: Scored, audited: bool = False) -> float:
         """The credibility to attest for a reply the scoring pass reported on: 0 for a replayed
-        output, else the report's; remembers the output when it counts (module docstring)."""
+        output, else the report's; remembers the output when it counts (module docstring).
+        `audited`: the reply is a user's audit, not a challenge."""
         memory = self.nodes.pop(node_id, OutputMemory(params=self.params))
-        counts = (temperature > 0 and report.n_tokens >= self.params.repeat_min_tokens
-                  and report.log_prob_bound <= self.params.repeat_max_log_prob)
-        replayed = counts and memory.repeats(prompt_hash, output_hash)
-        self.nodes[node_id] = memory.remember(prompt_hash, output_hash) if counts else memory
+        counts = temperature > 0 and report.n_tokens >= self.params.repeat_min_tokens
+        new = Occurrence(prompt_hash, output_hash, report.log_prob_bound, audited)
+        evidence = memory.evidence(new) if counts else None
+        replayed = evidence is not None and evidence <= self.params.repeat_max_log_prob
+        self.nodes[node_id] = memory.remember(new) if counts else memory
         while len(self.nodes) > self.max_nodes:  # the longest-unseen node is forgotten first
             self.nodes.pop(next(iter(self.nodes)))
         return 0.0 if replayed else report.credibility
