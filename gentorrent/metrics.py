@@ -79,6 +79,10 @@ async def serve_app(app: web.Application, host: str, port: int) -> tuple[web.App
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:  # a taken port: release what setup holds, so the caller's error is all that shows
+        await runner.cleanup()
+        raise
     bound = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor for port 0
     return runner, bound

@@ -17,6 +17,7 @@ import gentorrent
 from devnet import network as devnet
 from gentorrent.cli import every_option_has_help
 from model_node import cli as model_cli
+from testkit.committee import free_base_port
 from testkit.echo_model import ECHO_PREFIX, EchoModelNode
 from user_client import cli as user_cli
 from verifier import cli as verifier_cli
@@ -163,6 +164,24 @@ def test_gt_verifier_init_validates_ports_counts_and_files(tmp_path):
     assert json.loads(out.stdout)["listen"] == ["127.0.0.1:40000", "127.0.0.1:40001"]
     _one_line_error(_cli("verifier.cli", "init", "--out", str(tmp_path / "c"), "--validators", "2"),
                     "already holds a verifier")
+
+
+def test_gt_verifier_start_on_a_taken_dashboard_port_says_so_and_stops_cleanly(tmp_path):
+    """Seen in CI: a port taken between choosing and binding it. The member had already started
+    its servers; the user must get one clear line and an exit, not grpc's teardown tracebacks."""
+    out = _cli("verifier.cli", "init", "--out", str(tmp_path / "c"), "--validators", "1",
+               "--base-port", str(free_base_port(1)))
+    assert out.returncode == 0, out.stderr.decode()
+    holder, taken = _taken_port()
+    try:
+        out = _cli("verifier.cli", "start", "--home", str(tmp_path / "c" / "v0"), "--dashboard",
+                   f"127.0.0.1:{taken}")
+    finally:
+        holder.close()
+    err = out.stderr.decode()
+    assert out.returncode == 1, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert f"--dashboard 127.0.0.1:{taken}: cannot listen there" in err.strip().splitlines()[-1], err
 
 
 # --------------------------------------------------------------------------- gt-model

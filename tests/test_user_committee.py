@@ -4,7 +4,6 @@ from its light-client-checked directory."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,23 +12,18 @@ import pytest
 
 from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.ledger.committee import CommitteeDirectory
+from testkit.committee import free_base_port
 from user_client.node import UserNode
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def committee(tmp_path):
     out = tmp_path / "committee"
     subprocess.run([sys.executable, "-m", "verifier.cli", "--log-level", "WARNING", "init", "--validators", "1",
-                    "--out", str(out), "--base-port", str(_free_port()), "--timeouts", "fast"],
+                    "--out", str(out), "--base-port", str(free_base_port(1)), "--timeouts", "fast"],
                    cwd=ROOT, check=True, capture_output=True, timeout=60)
     home = out / "v0"
     proc = subprocess.Popen([sys.executable, "-m", "verifier.cli", "--log-level", "WARNING", "start",

@@ -9,7 +9,7 @@ home from the machine that ran `gt-verifier init`). No devnet code runs: every n
 
 What one machine changes, and nothing else:
 - every public host (`0.0.0.0`, `*.example.org`) becomes 127.0.0.1, and every port a free
-  one (the same port on one machine stays the same port, so `--listen` and `--advertise` agree);
+  one below the kernel's ephemeral range (the same port on one machine stays the same port, so `--listen` and `--advertise` agree);
 - `/var/lib/gentorrent` and `~` live in the machine's folder;
 - the README shows member v0; members v1..v3 run the same command with their own home and
   ports, and share v0's reference engine (ARCHITECTURE.md §4: on one machine the members share
@@ -24,7 +24,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -102,10 +101,13 @@ class Machines:
     def port(self, machine: str, port: int) -> int:
         if self.readme_base and self.readme_base <= port < self.readme_base + MEMBERS:
             return self.committee_base + port - self.readme_base  # the committee's, everywhere
-        if (machine, port) not in self._ports:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self._ports[(machine, port)] = s.getsockname()[1]
+        while (machine, port) not in self._ports:
+            # below the ephemeral range: a port chosen now is bound minutes later (after the
+            # reference engine), and an outgoing connection took one in between (CI, a dashboard's)
+            chosen = free_base_port(1)
+            taken = set(self._ports.values()) | set(range(self.committee_base, self.committee_base + MEMBERS))
+            if chosen not in taken:
+                self._ports[(machine, port)] = chosen
         return self._ports[(machine, port)]
 
     def localize(self, argv: list[str], machine: str, shared: dict[str, str] | None = None) -> list[str]:

@@ -167,28 +167,35 @@ async def _run(home: Path, abci_socket: str | None, listen: str | None, dashboar
 
     node = VerifierNode(home, listen=listen)
     await node.start()
-    if epochs is not None:  # --- verification epochs
-        from verifier.epochs.reference import RemoteReference
-        from verifier.epochs.wiring import attach_epochs
-
-        await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]), "committee",
-                            epochs["params"], user_listen=epochs["probe_listen"],
-                            user_kwargs={"advertise": epochs["probe_advertise"]}, audits=epochs["audits"])
-        print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
-    # --- status page and /metrics: read-only views of the running node
     live = None
-    if dashboard:
-        from verifier.dashboard_live import LiveDashboard
+    try:  # a later step that fails (a taken port) stops what already runs: no half-open servers
+        if epochs is not None:  # --- verification epochs
+            from verifier.epochs.reference import RemoteReference
+            from verifier.epochs.wiring import attach_epochs
 
-        live = LiveDashboard(node)
-        print(f"dashboard on http://{dashboard.rpartition(':')[0]}:{await live.start(dashboard)}/", flush=True)
-    print(f"gt-verifier {node.config.moniker} listening on port {node.port}, height {node.host.height}",
-          flush=True)
-    await stop.wait()
-    log.info("shutting down")
-    if live is not None:
-        await live.stop()
-    await node.stop()
+            await attach_epochs(node, RemoteReference.from_args(epochs["address"], epochs["cert"]), "committee",
+                                epochs["params"], user_listen=epochs["probe_listen"],
+                                user_kwargs={"advertise": epochs["probe_advertise"]}, audits=epochs["audits"])
+            print(f"verification epochs on, reference model at {epochs['address']}", flush=True)
+        # --- status page and /metrics: read-only views of the running node
+        if dashboard:
+            from verifier.dashboard_live import LiveDashboard
+
+            live = LiveDashboard(node)
+            try:
+                port = await live.start(dashboard)
+            except OSError as exc:
+                raise UsageError(f"--dashboard {dashboard}: cannot listen there ({exc.strerror or exc}); "
+                                 "pick a free port", code=1) from None
+            print(f"dashboard on http://{dashboard.rpartition(':')[0]}:{port}/", flush=True)
+        print(f"gt-verifier {node.config.moniker} listening on port {node.port}, height {node.host.height}",
+              flush=True)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if live is not None:
+            await live.stop()
+        await node.stop()
     return 0
 
 
