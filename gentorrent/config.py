@@ -79,6 +79,10 @@ class OverlayParams:
     forward_timeout_s: float = 5.0  # a hop-local acknowledgement, or a proxy's word that it could not deliver
     maintenance_interval_s: float = 5.0  # path manager: expiry, renewal, repair
     build_attempts: int = 8  # tries to build one path before giving up for this round
+    # an ask short of n usable paths waits this long for them (a node just started, single-use
+    # paths used up), building every path_retry_s, then fails with "no_paths", blaming no model node
+    path_wait_s: float = 30.0
+    path_retry_s: float = 1.0
     max_model_attempts: int = 3  # model nodes tried per ask
     failed_model_last_s: float = 120.0  # a model node that failed an ask is tried last for this long
     reputation_band: float = 0.02  # reputations this close count as equal: users shuffle among them

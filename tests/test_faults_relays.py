@@ -143,12 +143,8 @@ def test_key_leak_scan_finds_every_encoding_of_every_key(tmp_path):
 
 
 
-@pytest.mark.timeout(60)
-async def test_an_ask_with_fewer_than_n_paths_fails_at_once(tmp_path):
-    """Regression: with only k <= m < n paths left (repair could not build more), the asker
-    split the query m ways, which the model node never decodes (it expects n-way cloves), and
-    the user waited out the whole reply timeout (60 s by default). Now: a clear error at once."""
-    from user_client.asking import AskError
+async def _overlay_with_a_warm_asker(tmp_path):
+    """An echo model node and six user nodes on a real overlay; the first has asked once."""
     from testkit.echo_model import EchoModelNode
     from testkit.localnet import start_user_nodes
 
@@ -158,19 +154,65 @@ async def test_an_ask_with_fewer_than_n_paths_fails_at_once(tmp_path):
     await model.start()
     nodes = await start_user_nodes(6, directory, tmp_path, cloves=cloves, params=params, maintain=False)
     me = nodes[0]
+    assert await me.paths.fill() >= cloves.n
+    await me.ask("warm up")
+    return model, nodes, me
+
+
+def _fail_paths(me, count: int) -> None:
+    for path in me.paths.pool.usable(me.paths.clock())[:count]:
+        path.failed = True
+
+
+@pytest.mark.timeout(60)
+async def test_an_ask_with_fewer_than_n_paths_fails_after_the_path_wait_blaming_no_model_node(tmp_path):
+    """Regression: with only k <= m < n paths left (repair could not build more), the asker
+    split the query m ways, which the model node never decodes (it expects n-way cloves), and
+    the user waited out the whole reply timeout (60 s by default). Then: an error at once, but
+    one that marked the model node as failed, for this node's own shortage. Now: the ask waits
+    path_wait_s for paths, then fails with code no_paths, and the model node keeps its place."""
+    from user_client.asking import NO_PATHS, AskError
+
+    model, nodes, me = await _overlay_with_a_warm_asker(tmp_path)
+    cloves, params = scenarios.scenario_params()
     try:
-        assert await me.paths.fill() >= cloves.n
-        await me.ask("warm up")
-        for path in me.paths.pool.usable(me.paths.clock())[: cloves.n - cloves.k]:
-            path.failed = True
+        _fail_paths(me, cloves.n - cloves.k)
 
         async def no_relay_left():
             return None
         me.paths.build_one = no_relay_left
         with pytest.raises(AskError) as err:
-            await asyncio.wait_for(me.ask("with k paths"), params.first_reply_timeout_s / 2)
-        assert "usable paths" in str(err.value), err.value
+            await asyncio.wait_for(me.ask("with k paths"), params.path_wait_s + params.first_reply_timeout_s / 2)
+        assert err.value.code == NO_PATHS and "usable proxy paths" in str(err.value), err.value
         assert model.prompts == ["warm up"]  # nothing undecodable was sent
+        assert not me.asker._failed_recently(model.keys.identity.node_id_hex)  # not the model node's fault
+    finally:
+        for n in nodes:
+            await n.stop()
+        await model.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_an_ask_short_of_paths_waits_for_the_path_manager_to_build_them(tmp_path):
+    """A node just started, or whose single-use paths the last asks used up, holds fewer than
+    n paths for a few seconds. It used to fail the ask at once: a verifier's probing node then
+    reported an honest model node missing (the demo's first epoch blamed its honest leader)."""
+    model, nodes, me = await _overlay_with_a_warm_asker(tmp_path)
+    cloves, params = scenarios.scenario_params()
+    try:
+        _fail_paths(me, cloves.proxies_kept)
+        build = me.paths.build_one
+        refused = []
+
+        async def relays_not_yet_up():
+            if len(refused) < 3 * cloves.proxies_kept:  # three rounds of fill find no relay
+                refused.append(1)
+                return None
+            return await build()
+        me.paths.build_one = relays_not_yet_up
+        answer = await asyncio.wait_for(me.ask("after the paths came"), params.path_wait_s + params.first_reply_timeout_s)
+        assert answer.served_by == model.keys.identity.node_id_hex and model.prompts[-1] == "after the paths came"
+        assert len(refused) == 3 * cloves.proxies_kept
     finally:
         for n in nodes:
             await n.stop()

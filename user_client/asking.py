@@ -59,14 +59,17 @@ log = logging.getLogger(__name__)
 UNDECODABLE_REPLY = "undecodable reply from the model node"
 #: error of an attempt whose cloves the proxies could not hand to the node
 UNREACHABLE = "model node unreachable"
+#: AskError.code of an ask this node could not send: fewer than n usable proxy paths
+NO_PATHS = "no_paths"
 
 
 class AskError(RuntimeError):
     """No model node could answer; `attempts` says what happened with each one tried.
 
     `code` says why, for the user's API to answer with the right status: "no_trusted_node",
-    "no_model_node_answered", "overloaded" (every node tried was busy), or a client-error code
-    of the model nodes (generation.CLIENT_ERROR_CODES: the request itself is wrong)."""
+    "no_model_node_answered", "overloaded" (every node tried was busy), NO_PATHS (this node
+    could not send the ask: too few proxy paths), or a client-error code of the model nodes
+    (generation.CLIENT_ERROR_CODES: the request itself is wrong)."""
 
     def __init__(self, message: str, attempts: list[dict] | None = None,
                  code: str = "no_model_node_answered") -> None:
@@ -81,6 +84,10 @@ class _Refused(Exception):
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
         self.code = code
+
+
+class NoPaths(Exception):
+    """Too few proxy paths to send an ask: this user node's own state, no model node's doing."""
 
 
 class _NodeFailed(Exception):
@@ -386,6 +393,9 @@ class Asker:
                 if started or len(refusals) >= 2:
                     break
                 continue
+            except NoPaths as short:  # this node's own state: no model node is to blame, none other is tried
+                attempts[-1].update(ok=False, reason=NO_PATHS, detail=str(short))
+                raise AskError(str(short), attempts, code=NO_PATHS) from None
             except _NodeFailed as failed:
                 self.drops.count(failed.reason)
                 self._note_failure(node.node_id_hex)
@@ -407,11 +417,14 @@ class Asker:
         attempt = {"node": node.node_id_hex, "address": node.address}
         attempts.append(attempt)
         n, k = self.cloves.n, self.cloves.k
-        paths = await self.paths.pick(n)
+        usable = await self.paths.wait_for(n, self.params.path_wait_s)
+        paths = await self.paths.pick(n) if usable >= n else []
         if len(paths) < n:
             # a model node decodes only cloves split n ways (sida.combine's expect=(n, k)): over
             # fewer paths it would never decode the query, and we would wait out the reply timeout
-            raise _NodeFailed(DropReason.NO_ANSWER, f"only {len(paths)} usable paths, need {n}")
+            raise NoPaths(f"this user node holds only {max(usable, len(paths))} usable proxy paths, an ask "
+                          f"needs {n}; it is still building them (`gt-user status` shows them): ask again "
+                          "in a minute")
         attempt["paths"] = [list(p.relays) for p in paths]
         req = pb.GenerateRequest()
         req.CopyFrom(request)

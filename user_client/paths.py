@@ -301,6 +301,22 @@ class PathManager:
             await self.fill()
         return self.pool.pick(n, self.clock(), self.rng)
 
+    async def wait_for(self, n: int, wait_s: float) -> int:
+        """Build until n paths are usable, for up to wait_s; the usable count.
+
+        A node just started, or one whose single-use paths the last asks used up, is short of
+        paths for a few seconds: a condition of this node, which no model node should answer for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s  # real time: the path clock may be a test's
+        usable = len(self.pool.usable(self.clock()))
+        while usable < n:
+            usable = await self.fill()
+            left = deadline - loop.time()
+            if usable >= n or left <= 0:
+                break
+            await asyncio.sleep(min(self.params.path_retry_s, left))
+        return usable
+
     def spare(self, exclude: list[ProxyPath]) -> ProxyPath | None:
         """A usable path not in `exclude` (to resend a clove whose path failed)."""
         used = {p.path_id for p in exclude}

@@ -186,7 +186,8 @@ def scenario_params():
 
     cloves = CloveParams(n=RELAY_CLOVES_N, k=RELAY_CLOVES_K, path_length=3, proxies_kept=4)
     params = OverlayParams(first_reply_timeout_s=10.0, reply_idle_timeout_s=15.0, forward_timeout_s=3.0,
-                           establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
+                           establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12,
+                           path_wait_s=5.0)
     return cloves, params
 
 
