@@ -165,6 +165,8 @@ def _serve(args) -> int:
         params = _load_params(home, args)
         _check_hardware(args, params)
         check_can_listen(args.listen, "--listen")
+        if args.metrics:
+            check_can_listen(args.metrics, "--metrics")
         tls.check_key_files(home)  # a key file others can read: refused, saying what to run
     except ValueError as exc:  # CatalogueError, settings.ConfigError, KeyFilePermissionError
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
@@ -268,7 +270,7 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
     _note_engine_start(args.load_model, engine.startup_s)
     stages.begin(STAGES[2])
     state = home / STATE_FILE
-    directory = None
+    directory = metrics_runner = None
     try:
         from gentorrent.ledger.txs import advertised_address
 
@@ -299,14 +301,14 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
                                    forwarder=router, gossip=gossip, generate_route=router)
         rpc.add_ModelNodeServicer_to_server(service, server)
         await server.start()
+        # before registering: a node that cannot serve its metrics stops unlisted
+        metrics_runner, metrics_url = await _serve_metrics(args.metrics, service)
         if args.committee:  # listed only once it answers: register, wait until committed
             record = _model_record(keys, tls_id, address, engine.model, args.capacity)
             if not await _register(directory, record, stop):
-                await server.stop(0)
                 return 0
         if gossip is not None:
             gossip.start()
-        metrics_runner, metrics_url = await _serve_metrics(args.metrics, service)
         _write_state(state, {
             "metrics": metrics_url,
             "address": address, "node_id": keys.identity.node_id_hex,
@@ -326,10 +328,11 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
             await gossip.close()
         if intake is not None:
             await intake.close()
+    finally:  # also after a failed step (a taken --metrics port): no half-open servers
+        state.unlink(missing_ok=True)
+        await server.stop(0)
         if metrics_runner is not None:
             await metrics_runner.cleanup()
-    finally:
-        state.unlink(missing_ok=True)
         if directory is not None:
             await directory.close()
         engine.shutdown()
@@ -392,7 +395,11 @@ async def _serve_metrics(listen: str | None, service) -> tuple:
     app = web.Application()
     app.router.add_routes([metrics_route(lambda: view.update(service.status_dict()))])
     host = listen.rpartition(":")[0]
-    runner, port = await serve_app(app, host, int(listen.rpartition(":")[2]))
+    try:
+        runner, port = await serve_app(app, host, int(listen.rpartition(":")[2]))
+    except OSError as exc:
+        raise UsageError(f"--metrics {listen}: cannot listen there ({exc.strerror or exc}); pick a free port",
+                         code=1) from None
     return runner, f"http://{host}:{port}/metrics"
 
 

@@ -166,16 +166,36 @@ def test_gt_verifier_init_validates_ports_counts_and_files(tmp_path):
                     "already holds a verifier")
 
 
-def test_gt_verifier_start_on_a_taken_dashboard_port_says_so_and_stops_cleanly(tmp_path):
-    """Seen in CI: a port taken between choosing and binding it. The member had already started
-    its servers; the user must get one clear line and an exit, not grpc's teardown tracebacks."""
+def _one_member(tmp_path) -> Path:
     out = _cli("verifier.cli", "init", "--out", str(tmp_path / "c"), "--validators", "1",
                "--base-port", str(free_base_port(1)))
     assert out.returncode == 0, out.stderr.decode()
+    return tmp_path / "c" / "v0"
+
+
+def test_gt_verifier_start_refuses_a_taken_port_before_starting_anything(tmp_path):
+    home = _one_member(tmp_path)
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
     holder, taken = _taken_port()
     try:
-        out = _cli("verifier.cli", "start", "--home", str(tmp_path / "c" / "v0"), "--dashboard",
-                   f"127.0.0.1:{taken}")
+        for option in ("--dashboard", "--listen"):
+            out = _cli("verifier.cli", "start", "--home", str(home), option, f"127.0.0.1:{taken}")
+            _one_line_error(out, f"cannot listen on {option} 127.0.0.1:{taken}")
+    finally:
+        holder.close()
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before  # no block store, no WAL
+
+
+def test_gt_verifier_start_whose_port_is_taken_while_it_starts_says_so_and_stops_cleanly(tmp_path):
+    """Seen in CI: a port taken between choosing it and binding it, after the member had
+    started its servers. The user must get one clear line and an exit, not grpc's teardown
+    tracebacks. (The check before starting is patched out: that is the race.)"""
+    home = _one_member(tmp_path)
+    holder, taken = _taken_port()
+    script = ("import sys; from verifier import cli; cli.check_can_listen = lambda *a: None; "
+              f"sys.exit(cli.main(['start', '--home', {str(home)!r}, '--dashboard', '127.0.0.1:{taken}']))")
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120, cwd=ROOT)
     finally:
         holder.close()
     err = out.stderr.decode()
@@ -191,9 +211,12 @@ def test_gt_model_refuses_a_taken_port_before_loading_anything(tmp_path):
     holder, taken = _taken_port()
     try:
         out = _cli("model_node.cli", "serve", "--home", str(tmp_path), "--listen", f"127.0.0.1:{taken}")
+        metrics = _cli("model_node.cli", "serve", "--home", str(tmp_path), "--listen", "127.0.0.1:0",
+                       "--metrics", f"127.0.0.1:{taken}")
     finally:
         holder.close()
     _one_line_error(out, "cannot listen on", "--listen")
+    _one_line_error(metrics, "cannot listen on", "--metrics")
     assert not (tmp_path / "node.json").exists()
 
 

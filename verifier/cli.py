@@ -30,7 +30,8 @@ from pathlib import Path
 
 import grpc
 
-from gentorrent.cli import Parser, UsageError, committee_size_note, float_in, host_port, int_in, port, ports_fit, run
+from gentorrent.cli import (Parser, UsageError, check_can_listen, committee_size_note, float_in, host_port, int_in,
+                            port, ports_fit, run)
 from gentorrent.config import AUDITS, EPOCH_RUN
 from gentorrent.crypto.keys import NodeKeys
 from gentorrent.crypto.tls import TlsError, TlsIdentity, connect
@@ -105,6 +106,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     home = Path(args.home)
     _check_home(home)
     epochs = _epoch_args(args)
+    listens = {"--listen": args.listen or NodeConfig.load(home).listen, "--dashboard": args.dashboard,
+               "--probe-listen": epochs and epochs["probe_listen"]}
+    for what, address in listens.items():
+        if address:  # before anything starts: one line, nothing half-open
+            check_can_listen(address, what)
     try:
         return asyncio.run(_run(home, args.abci_socket, args.listen, args.dashboard, epochs))
     except RegistrationError as exc:
