@@ -133,7 +133,9 @@ def readable_file(text: str) -> Path:
 
 def check_can_listen(address: str, what: str) -> None:
     """Fail now (one line) when HOST:PORT cannot be listened on, before anything starts or
-    registers: a plain bind without SO_REUSEPORT, closed at once (port 0 always works)."""
+    registers: a bind without SO_REUSEPORT, closed at once (port 0 always works). With
+    SO_REUSEADDR, as grpc and aiohttp bind: a node restarted on its port while old connections
+    sit in TIME_WAIT binds it, and so must the check."""
     import socket
 
     host, _, port_text = address.rpartition(":")
@@ -145,6 +147,7 @@ def check_can_listen(address: str, what: str) -> None:
         raise UsageError(f"{what} {address}: unknown host ({exc.strerror})") from None
     family, kind, proto, _, sockaddr = infos[0]
     with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(sockaddr)
         except OSError as exc:

@@ -53,6 +53,28 @@ def test_version(prog, module):
     assert out.returncode == 0 and out.stdout.decode().strip() == f"{prog} {gentorrent.__version__}"
 
 
+def test_a_port_whose_old_connections_sit_in_time_wait_passes_the_listen_check():
+    """A node restarted on its port (a verifier after a crash) binds it, as grpc does with
+    SO_REUSEADDR; the check before starting must not refuse it. A live listener still fails."""
+    from gentorrent.cli import UsageError, check_can_listen
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc's and aiohttp's listeners
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the server side closes first: its end waits in TIME_WAIT on `port`
+    client.close()
+    with pytest.raises(UsageError, match="cannot listen on --listen"):
+        check_can_listen(f"127.0.0.1:{port}", "--listen")
+    listener.close()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what the check did before: a restart was refused
+    check_can_listen(f"127.0.0.1:{port}", "--listen")
+
+
 # --------------------------------------------------------------------------- gt-user
 
 
