@@ -52,8 +52,11 @@ async def test_epochs_run_by_themselves_and_a_cheater_becomes_untrusted(tmp_path
 
 
 async def test_a_node_that_replays_one_reply_becomes_untrusted(tmp_path):
-    """Its reply scores as honest every time (teacher forcing); the members remember the output
-    and attest 0 from the second prompt it answered with it (verifier/epochs/repeats.py)."""
+    """Its reply scores as honest wherever the challenge's sampling allows it (teacher forcing);
+    the members remember the output and attest 0 from the second prompt it answered with it
+    (verifier/epochs/repeats.py). The first score is not asserted high: a challenge drawn with
+    top_p 0.8-0.9 (a chat front-end's or a tuned client's) truncates tokens the stored sample
+    holds, and the scoring pass alone marks it down (0.40 in one full run)."""
     models = ScriptedModels()
     replayer = models.add("replay")
     committee = EpochCommittee(tmp_path)
@@ -62,7 +65,10 @@ async def test_a_node_that_replays_one_reply_becomes_untrusted(tmp_path):
         await committee.register(replayer, 9003)
         sec = await committee.wait_epochs(4)
         scores = [s.score_micros for h in sec.history if h.phase == rules.DONE for s in h.result]
-        assert scores[0] > 900_000 and scores[1:] and all(v == 0 for v in scores[1:]), scores
+        assert scores[0] > 0 and scores[1:] and all(v == 0 for v in scores[1:]), scores  # the first is its sample
+        for runner in committee.runners:  # zeroed by the memory of outputs, not by the scoring pass
+            zeroed = [line for line in runner.log if "credibility 0.000 (output replayed from another prompt)" in line]
+            assert len(zeroed) >= len(scores) - 1, runner.log
         assert not committee.model(replayer).trusted
     finally:
         await committee.stop()
