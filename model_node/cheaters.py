@@ -142,8 +142,9 @@ class BehaviourGenerator(LocalGenerator):
                 out: list[int] = []
                 async for chunk in super().serve(prepared):
                     out.extend(chunk.token_ids)
+                    if chunk.final:  # kept before it leaves: the overlay intake stops at the final
+                        self._last = (key, out)  # chunk and closes this generator there
                     yield chunk
-                self._last = (key, out)
                 return
             tokens = list(self._last[1])
         else:

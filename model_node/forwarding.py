@@ -104,8 +104,9 @@ class Router:
             self.group.forward_failed(tokens, decision.node_id, self.clock())
         t0 = self.clock()
         async for chunk in gen.serve(prepared):
+            if chunk.final:  # measured before it leaves: the overlay intake stops at the final chunk
+                self.latency_s += _LATENCY_EWMA * ((self.clock() - t0) - self.latency_s)
             yield chunk
-        self.latency_s += _LATENCY_EWMA * ((self.clock() - t0) - self.latency_s)
 
     async def _call_peer(self, peer: ModelRecord, request: pb.GenerateRequest, hops: int
                          ) -> AsyncIterator[pb.GenerateChunk]:

@@ -25,6 +25,7 @@ NODE = Identity.from_seed(b"\x09" * 32)
 class ScriptedEngine:
     model: str = "smollm2-135m"
     tokenizer: tuple = tuple(range(1000))
+    reply: tuple = (7, 8, 9)  # what honest generation gives
 
     def encode(self, prompt):
         return [1, 2, 3]
@@ -36,7 +37,7 @@ class ScriptedEngine:
         return " ".join(map(str, ids))
 
     async def generate(self, ids, sampling, request_id=None, logprobs=None):
-        yield EngineDelta("honest", (7, 8, 9), (), True, "stop")
+        yield EngineDelta("honest", self.reply, (), True, "stop")
 
 
 async def _reply(gen, request) -> pb.GenerateChunk:
@@ -77,6 +78,29 @@ async def test_random_and_replay_cheaters_sign_what_they_did_not_compute():
     second = await _reply(replay, other)
     assert list(second.token_ids) == [7, 8, 9]  # the first prompt's answer, replayed
     receipts.verify_receipt(second.receipt, NODE.public_key, other, [7, 8, 9])
+
+
+async def test_the_replay_cheater_replays_when_its_consumer_stops_at_the_final_chunk():
+    """Regression: the overlay intake and the forwarder stop at the final chunk and close the
+    generator there, so a replayer that kept its reply after its last chunk never kept it
+    through the overlay, and answered honestly until a peer's forwarded request (read to the
+    end) gave it one: in one devnet run it was caught only 6 epochs after it registered."""
+    honest = LocalGenerator(ScriptedEngine(), NODE)
+    replay = cheaters.make_generator("replay", honest, "smollm2-135m")
+
+    async def up_to_the_final_chunk(request):
+        stream = replay(request)
+        try:
+            async for chunk in stream:
+                if chunk.final:
+                    return chunk
+        finally:
+            await stream.aclose()
+
+    assert list((await up_to_the_final_chunk(_request("Why is the sky blue?"))).token_ids) == [7, 8, 9]
+    honest.engine.reply = (11, 12)  # what honest generation gives the next prompt
+    other = await up_to_the_final_chunk(_request("How do tides work?"))
+    assert list(other.token_ids) == [7, 8, 9]  # the first prompt's answer, replayed
 
 
 async def test_the_selective_cheater_is_honest_only_on_what_looks_like_a_challenge():
@@ -202,3 +226,24 @@ def test_the_cheaters_operating_threshold_bounds_its_false_alarms():
     assert sum(1 for s in scores if s > t) == 5
     assert sum(1 for s in scores if s > operating_threshold(scores, 0.0)) == 0
     assert operating_threshold(scores, 1.0) == float("-inf")
+
+
+async def test_a_routers_reported_latency_counts_replies_whose_consumer_stops_at_the_final_chunk():
+    """The same closing, on an honest node: the router measured a request's latency after its
+    last chunk, which the overlay intake never asks for, so the mean latency a node reports
+    (gossip, status) stayed 0 for all overlay traffic."""
+    from model_node.engine import Load
+    from model_node.forwarding import Router
+    from gentorrent.routing.group import GroupRouting
+
+    engine = ScriptedEngine()
+    engine.load = lambda: Load(0, 0, 0.0, 0, 0)
+    ticks = iter(range(0, 100, 2))
+    router = Router(LocalGenerator(engine, NODE), GroupRouting(NODE.node_id_hex, 4, 1000, version_base=0),
+                    lambda node_id: None, clock=lambda: float(next(ticks)))
+    stream = router(_request("Why is the sky blue?"))
+    async for chunk in stream:
+        if chunk.final:
+            break
+    await stream.aclose()
+    assert router.local_load().latency_s > 0
