@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -464,6 +464,48 @@ def resample(scored: dict[str, list[dict]], epochs: int, runs: int, seed: int, r
     return out
 
 
+def trusted_epochs(scored: dict[str, list[dict]], epochs: int, runs: int, seed: int, asks_per_epoch: int,
+                   flagged: float, labels: tuple[str, ...] = ("selective", "honest")) -> dict:
+    """Epochs of `epochs` a node spends trusted when real asks, and so audits, reach it only while
+    it is trusted (untrusted, it leaves every directory), with probation and without it
+    (`probation_epochs` = 0: R alone decides, the rule before 2026-11-27). The selective cheater
+    answers challenges well, so without probation it is trusted again one or two epochs after
+    each time audits catch it. Both variants see the same draws (seeded per run), so the ratio is
+    the probation's alone."""
+    import numpy as np
+
+    from gentorrent.config import REPUTATION
+    from verifier.epochs import reputation as rep
+
+    traffic = real_traffic(scored, flagged)
+    variants = {"probation": REPUTATION, "no_probation": replace(REPUTATION, probation_epochs=0)}
+    out: dict[str, dict] = {}
+    for label in labels:
+        rows = scored.get(label)
+        if not rows or label not in traffic:
+            continue
+        sim = AuditSim(AUDITS.rate, asks_per_epoch, traffic[label])
+        out[label] = {}
+        for name, params in variants.items():
+            counts = []
+            for run in range(runs):
+                rng, audit_rng = random.Random(f"{seed}/trusted/{label}/{run}"), random.Random(f"{seed}/trusted/{label}/{run}/a")
+                draws = np.random.default_rng(audit_rng.getrandbits(64))
+                state, count = rep.initial_state(params), 0
+                for _ in range(epochs):
+                    cred = rng.choice(rows)["credibility"]
+                    if not state.untrusted:
+                        cred = sim.credibility(cred, audit_rng, draws)
+                    state = rep.update(state, cred, params)
+                    count += not state.untrusted
+                counts.append(count)
+            counts.sort()
+            out[label][name] = {"mean": round(sum(counts) / len(counts), 2), "median": counts[len(counts) // 2],
+                                "p90": counts[int(0.9 * (len(counts) - 1))], "max": counts[-1]}
+        out[label]["ratio"] = round(out[label]["probation"]["mean"] / max(1e-9, out[label]["no_probation"]["mean"]), 3)
+    return out
+
+
 def _untrusted_below() -> float:
     from gentorrent.config import REPUTATION
 
@@ -586,6 +628,7 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
                                                / max(1, len(pessimistic)), 4),
                        "runs_ever_untrusted_by_rate": {str(r): sum(1 for v in d["honest"] if v is not None)
                                                        for r, d in pess_by_rate.items()}}},
+        "trusted_epochs_audited_only_while_trusted": trusted_epochs(scored, epochs, runs, seed, asks_per_epoch, flagged),
         "goal_met_without_audits": _goal(cheaters, dists),
         "goal_met": _goal(with_audits, audited),
         "selective_cheater": selective,

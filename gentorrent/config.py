@@ -184,6 +184,16 @@ class ReputationParams:
     initial_reputation: float = 1.0
     sticky_untrusted: bool = False  # True: once untrusted, never trusted again (account review)
     goal_epochs: int = 5  # the paper's goal: a cheater is untrusted within this many epochs
+    # Probation (verifier/epochs/reputation.py): an untrusted node is trusted again only after
+    # this many clean scored epochs in a row (credibility >= tau) for its first loss of trust,
+    # times probation_growth for each earlier one, at most probation_max; a trusted node whose
+    # last forgive_after scored epochs were all clean has one past loss forgotten. A selective
+    # cheater that cheats again whenever it is trusted spends ever less of its time trusted,
+    # while a node untrusted once (an outage) comes back as before.
+    probation_epochs: int = 1
+    probation_growth: int = 2
+    probation_max: int = 64
+    forgive_after: int = 35
 
 
 REPUTATION = ReputationParams()

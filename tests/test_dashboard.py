@@ -27,7 +27,7 @@ def _data() -> DashboardData:
         models=(
             ModelRow("aa" * 32, "127.0.0.1:8000", "smollm2-135m", 5, True, (1.0, 0.95, 0.93), "1 active / 0 queued",
                      {"epoch": 3, "score": 0.97, "height": 120}),
-            ModelRow("bb" * 32, "127.0.0.1:8001", "smollm2-135m", 5, False, (1.0, 0.6, 0.3, 0.12)),
+            ModelRow("bb" * 32, "127.0.0.1:8001", "smollm2-135m", 5, False, (1.0, 0.6, 0.3, 0.12), probation=3),
         ),
         users=12, last_epoch={"epoch": 4, "leader": "cc" * 8, "result": "accepted"},
         block_time_ms=1_700_000_000_000, peers=(3, 3), epoch=5, epoch_phase="probing",
@@ -70,6 +70,7 @@ def test_page_shows_every_node_and_the_committee():
     page = render_html(_data())
     assert page.count("<tr class=model>") == 2
     assert "untrusted" in page and "0.120" in page and "epoch 3: score 0.970 (height 120)" in page
+    assert page.count("probation: 3 clean epochs to go") == 1  # the untrusted node only
     for key, text in (("height", "123"), ("peers", "3 of 3"), ("epoch-phase", "5 · probing"),
                       ("block-time", "22:13:20 UTC")):
         assert f"id={key}>" in page and text in page, key
@@ -135,6 +136,7 @@ async def test_history_fills_without_page_views_and_the_page_shows_it(tmp_path):
         png = await asyncio.to_thread(browser.screenshot, w.url, tmp_path / "dashboard.png")
     assert dom.count('class="model"') == 2 and dom.count("<svg") == 2
     assert "untrusted" in dom and "last answered challenge" in dom and "3 of 3" in dom
+    assert "probation: 1 clean epoch to go" in dom  # the committee's memory of the cheater, read live
     # what the browser drew: two reputation curves, one trusted and one untrusted badge
     assert browser.colour_pixels(png, CURVE_RGB) > 200
     trusted, untrusted = browser.colour_rows(png, TRUSTED_RGB), browser.colour_rows(png, UNTRUSTED_RGB)

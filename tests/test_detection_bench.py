@@ -58,3 +58,13 @@ def test_challenges_made_of_donated_asks_catch_the_selective_cheater_without_aud
     assert all(v is None for v in by_rate[0.0]["selective"])  # it spots every corpus challenge
     assert all(v is not None for v in by_rate[0.0][detection.SELECTIVE_DONATED])  # and no donated one
     assert detection.donated_challenge_rows({"selective": _rows("selective", 1.0)}, 0.1) == []
+
+
+def test_probation_shortens_the_time_a_selective_cheater_spends_trusted_and_costs_honest_nodes_nothing():
+    """Audits reach a node only while it is trusted; the selective cheater answers challenges
+    honestly. Without probation it is trusted again soon after each catch; with it, less often."""
+    out = detection.trusted_epochs(_synthetic(), 35, RUNS, seed=3, asks_per_epoch=200, flagged=0.0)
+    selective, honest = out["selective"], out["honest"]
+    assert selective["probation"]["mean"] < selective["no_probation"]["mean"] and selective["ratio"] < 1.0
+    assert selective["probation"]["max"] < 35
+    assert honest["probation"] == honest["no_probation"] and honest["probation"]["mean"] == 35

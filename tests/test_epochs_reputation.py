@@ -79,6 +79,55 @@ def test_sticky_untrusted_and_recovery():
     assert all(s.untrusted for s in states[1:])
 
 
+def _cheat_whenever_trusted(params, epochs=35) -> list[rep.ReputationState]:
+    """A selective cheater that real asks (and so audits) reach only while it is trusted: it
+    scores 0 in every epoch it starts trusted, and answers every challenge honestly otherwise."""
+    state, out = rep.initial_state(params), []
+    for _ in range(epochs):
+        state = rep.update(state, 1.0 if state.untrusted else 0.0, params)
+        out.append(state)
+    return out
+
+
+def test_attack_a_cheater_trusted_again_after_each_clean_epoch_is_held_on_probation():
+    """The attack: untrusted, a selective cheater gets no real asks and so no audits, answers its
+    challenges honestly and is trusted again one epoch later; then it cheats on real asks until
+    audits catch it, and again. R alone let it be trusted in 17 of 35 epochs. Probation doubles
+    with each loss of trust (1, 2, 4, 8, 16 clean epochs): 5 of 35, each time shorter."""
+    without = replace(REPUTATION, probation_growth=1)
+    assert sum(not s.untrusted for s in _cheat_whenever_trusted(without)) == 17
+    states = _cheat_whenever_trusted(REPUTATION)
+    assert sum(not s.untrusted for s in states) == 5
+    runs, run = [], 0
+    for s in states:  # lengths of the untrusted stretches
+        if s.untrusted:
+            run += 1
+        elif run:
+            runs, run = runs + [run], 0
+    assert runs == [1, 2, 4, 8]
+    assert states[-1].offences == 5 and rep.probation_required(5) == 16
+    assert rep.probation_required(40) == REPUTATION.probation_max and rep.probation_required(0) == 0
+
+
+def test_a_first_loss_of_trust_costs_no_more_than_without_probation():
+    """An honest node untrusted once (two epochs down, scored 0) comes back as it did before."""
+    outage = [0.95, 0.0, 0.0] + [0.95] * 6
+    plain = run(outage, replace(REPUTATION, probation_epochs=0))
+    held = run(outage)
+    assert [s.untrusted for s in held] == [s.untrusted for s in plain]
+    back = next(i for i in range(3, len(held)) if not held[i].untrusted)
+    assert held[2].untrusted and back == 4 and held[-1].offences == 1  # R needs two clean epochs anyway
+
+
+def test_a_node_clean_for_forgive_after_epochs_has_one_loss_forgotten():
+    params = replace(REPUTATION, forgive_after=6)
+    states = run([0.0, 0.0] + [0.95] * 12, params)
+    assert states[1].untrusted and states[1].offences == 1
+    first_forgiven = next(i for i in range(2, len(states)) if states[i].offences == 0)
+    assert first_forgiven == 1 + 6 and not states[first_forgiven].untrusted  # 6 clean epochs after the loss
+    assert all(s.offences == 1 for s in states[1:first_forgiven])
+
+
 def test_bad_input_is_rejected_without_state_change():
     state = rep.initial_state()
     for bad in (-0.1, 1.5, float("nan"), "0.5", None):

@@ -111,14 +111,14 @@ def signed_reply(model: Identity, prompt: str, tokens: list[int], name: str = MO
     return pb.ProbeReply(node_id=model.node_id, token_ids=tokens, receipt=receipt)
 
 
-def run_to_replies(chain: Chain, replies_for=None) -> tuple[Identity, int, dict]:
+def run_to_replies(chain: Chain, replies_for=None, models: list[Identity] = MODELS) -> tuple[Identity, int, dict]:
     leader = elect(chain)
     epoch = chain.section.current.epoch
-    prompts = prompts_for(epoch)
+    prompts = {n: p for n, p in prompts_for(epoch).items() if n in {m.node_id for m in models}}
     plan = [(n, commit_request(nonce, ChatRequest.question(p))) for n, (nonce, p) in prompts.items()]
     assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     assert chain.section.current.phase == rules.PROBING
-    items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in MODELS]))(prompts)
+    items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in models]))(prompts)
     chain.private = {r.node_id: r for r in items}  # what the leader sends the members privately
     public = [public_reply(r) for r in items]
     assert chain.block([epoch_txs.replies(leader, epoch, public, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
@@ -259,6 +259,39 @@ def test_a_cheater_becomes_untrusted_over_epochs_and_honest_stays_trusted(chain)
     assert not chain.model(MODELS[1]).trusted and chain.model(MODELS[1]).reputation < REPUTATION.untrusted_below
     assert chain.model(MODELS[0]).trusted and chain.model(MODELS[2]).trusted
     assert len(chain.section.history) == 4
+
+
+def test_attack_an_untrusted_node_that_leaves_and_registers_again_stays_untrusted(chain):
+    """The attack: a model node the committee untrusted deregisters (or lets its lease lapse)
+    and registers again under the same key. The registry used to make it a new node, trusted at
+    the initial reputation 1.0, at the cost of one transaction. Now the committee's memory of a
+    key outlives its registration: the node resumes its reputation, its trust and its probation.
+    Nodes in good standing are forgotten when they leave, so the memory holds only the suspect."""
+    register_keys(chain)
+    cheater, honest = MODELS[1], MODELS[0]
+    for _ in range(4):
+        _, epoch, _ = run_to_replies(chain)
+        attest(chain, MEMBERS[:3], epoch, {m.node_id: (50_000 if m == cheater else 980_000, 0) for m in MODELS})
+    before = chain.model(cheater)
+    assert not before.trusted
+    leave = [txs.deregister_model(m, 2, chain_id=CHAIN) for m in (cheater, honest)]  # registered with 1
+    assert chain.block(leave) == [0, 0]
+    _, epoch, _ = run_to_replies(chain, models=[MODELS[2]])  # an epoch closes while both are away
+    attest(chain, MEMBERS[:3], epoch, {MODELS[2].node_id: (980_000, 0)})
+    kept = {w.node_id: w for w in chain.section.windows}
+    assert cheater.node_id in kept and kept[cheater.node_id].untrusted and kept[cheater.node_id].offences == 1
+    assert honest.node_id not in kept  # in good standing: nothing to remember
+    back = [txs.register_model(m, f"127.0.0.1:{9100 + i}", MODEL, 5, make_self_signed(m).cert_pem,
+                               3, chain_id=CHAIN) for i, m in enumerate((cheater, honest))]
+    assert chain.block(back) == [0, 0]
+    again = chain.model(cheater)
+    assert not again.trusted and again.reputation == pytest.approx(before.reputation, abs=1e-12)
+    assert chain.model(honest).trusted and chain.model(honest).reputation == REPUTATION.initial_reputation
+    # its probation still holds: trust returns only after clean epochs, as for a node that stayed
+    _, epoch, _ = run_to_replies(chain)
+    attest(chain, MEMBERS[:3], epoch, {m.node_id: (990_000, 0) for m in MODELS})
+    window = {w.node_id: w for w in chain.section.windows}[cheater.node_id]
+    assert (window.epochs, window.clean, window.offences) == (5, 1, 1) and not chain.model(cheater).trusted
 
 
 def test_the_public_state_holds_no_receipt_and_no_prompt_hash(chain):

@@ -52,6 +52,7 @@ class ModelRow:
     reputation: tuple[float, ...]  # one value per closed epoch, oldest first
     load: str = ""  # e.g. "2 active / 0 queued", from gossip when known
     answered: dict | None = None  # last answered challenge: {"epoch", "score", "height"}
+    probation: int = 0  # clean epochs an untrusted node still needs (verifier/epochs/reputation.py)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ def _model_row(m: ModelRow) -> str:
     esc = html.escape
     current = f"{m.reputation[-1]:.3f}" if m.reputation else "–"
     trusted = "<span class='badge ok'>trusted</span>" if m.trusted else "<span class='badge bad'>untrusted</span>"
+    if not m.trusted and m.probation:
+        trusted += f" probation: {m.probation} clean epoch{'s' if m.probation > 1 else ''} to go"
     answered = "–"
     if m.answered:
         answered = (f"epoch {m.answered['epoch']}: score {m.answered['score']:.3f} "

@@ -221,12 +221,15 @@ class StateView:
             info = tx.payload
             assert isinstance(info, ModelInfo)
             old_m = self.models.get(node_id)
-            if old_m is None:
-                reputation = REPUTATION.initial_reputation
+            if old_m is None:  # a key the committee scored before resumes its standing
+                from verifier.epochs.rules import standing_of
+
+                reputation, trusted = standing_of(self.epochs, node_id) or (
+                    REPUTATION.initial_reputation, REPUTATION.initial_reputation >= REPUTATION.untrusted_below)
                 record = ModelRecord(
                     node_id=node_id, public_key=tx.signer, address=info.address, model=info.model,
                     capacity=info.capacity, tls_cert_pem=info.tls_cert_pem, reputation=reputation,
-                    trusted=reputation >= REPUTATION.untrusted_below, registered_height=self.height,
+                    trusted=trusted, registered_height=self.height,
                     updated_height=self.height, onion_key=info.onion_key, expires_ms=expires)
             else:  # an update keeps reputation and trust: they are the committee's, not the node's
                 record = replace(old_m, address=info.address, model=info.model, capacity=info.capacity,

@@ -10,6 +10,15 @@ holds fewer than W values at first; the count is divided by W all the same. The 
 c / W > gamma is made on exact fractions, so gamma = 1/5 with c = 1 is *not* a punishment
 (0.2 > 0.2 is false) on every machine. Below `untrusted_below` a node is untrusted.
 
+Probation (not in the paper): R alone lets a node back in one good epoch after it lost trust. A
+selective cheater uses that: untrusted, it gets no real asks and so no audits, answers its
+challenges honestly, is trusted again, cheats on real asks until audits catch it, and so on.
+So trust, once lost, returns only after `probation_required(offences)` clean epochs in a row
+(1, 2, 4, ... for the 1st, 2nd, 3rd loss), and a trusted node whose last `forgive_after`
+scored epochs were all clean has one loss forgotten. The cheater's share of trusted epochs
+shrinks with every cycle, while an honest node untrusted once (an outage) comes back as soon
+as R allows, as before (tests/test_epochs_reputation.py).
+
 Why punishment is asymmetric: a cheater answering most prompts honestly must still lose its
 reputation fast, while an honest node's sampling noise must never add up to punishment; both are
 checked in tests/test_epochs_reputation.py. Every function here is pure: the committee applies
@@ -33,6 +42,7 @@ __all__ = [
     "epoch_credibility",
     "update_all",
     "is_punished",
+    "probation_required",
     "trusted_nodes",
 ]
 
@@ -49,6 +59,8 @@ class ReputationState:
     window: tuple[float, ...] = field(default=())
     untrusted: bool = False
     epochs: int = 0  # epochs in which the node was scored
+    offences: int = 0  # times the node lost trust, less those forgiven
+    clean: int = 0  # scored epochs in a row with credibility >= tau (probation and forgiveness)
 
 
 def initial_state(params: ReputationParams = REPUTATION) -> ReputationState:
@@ -71,6 +83,13 @@ def is_punished(window: Iterable[float], params: ReputationParams = REPUTATION) 
     return Fraction(c, params.window) > _gamma_fraction(params.gamma)
 
 
+def probation_required(offences: int, params: ReputationParams = REPUTATION) -> int:
+    """Clean epochs in a row an untrusted node with `offences` losses of trust needs to be trusted."""
+    if offences <= 0:
+        return 0
+    return min(params.probation_max, params.probation_epochs * params.probation_growth ** min(offences - 1, 32))
+
+
 def update(
     state: ReputationState, credibility: float, params: ReputationParams = REPUTATION
 ) -> ReputationState:
@@ -87,8 +106,18 @@ def update(
         weight = params.beta
     reputation = params.alpha * state.reputation + weight * credibility
     reputation = min(1.0, max(0.0, reputation))
-    untrusted = reputation < params.untrusted_below or (params.sticky_untrusted and state.untrusted)
-    return ReputationState(reputation, window, untrusted, state.epochs + 1)
+    clean = state.clean + 1 if credibility >= params.abnormal_threshold else 0
+    offences = state.offences
+    if state.untrusted:
+        untrusted = (reputation < params.untrusted_below or params.sticky_untrusted
+                     or clean < probation_required(offences, params))
+    else:
+        untrusted = reputation < params.untrusted_below
+        if untrusted:  # trust lost: one more offence, and probation counts from here
+            offences, clean = offences + 1, 0
+        elif offences and clean >= params.forgive_after:
+            offences, clean = offences - 1, 0
+    return ReputationState(reputation, window, untrusted, state.epochs + 1, offences, clean)
 
 
 def epoch_credibility(scores: Iterable[float]) -> float:

@@ -430,6 +430,31 @@ def _credibilities(view: StateView, sec: pb.EpochsSection) -> dict[bytes, float]
     return out
 
 
+def in_good_standing(w: pb.ReputationWindow) -> bool:
+    """Whether the committee may forget a departed node: one that came back under the same key
+    would gain nothing from a fresh record (trusted, no loss of trust, nothing abnormal pending)."""
+    tau = REPUTATION.abnormal_threshold * SCORE_SCALE
+    return not w.untrusted and w.offences == 0 and all(v >= tau for v in w.window_micros)
+
+
+def standing_of(sec: pb.EpochsSection, node_id: bytes) -> tuple[float, bool] | None:
+    """(reputation, trusted) a model node resumes when it registers again under a key the
+    committee scored before: leaving and coming back (or letting the lease lapse) must not reset
+    an untrusted node to the initial reputation. None: a key never scored."""
+    for w in sec.windows:
+        if w.node_id == node_id and w.epochs:
+            return w.reputation, not w.untrusted
+    return None
+
+
+def probation_left(w: pb.ReputationWindow) -> int:
+    """Clean scored epochs an untrusted node still needs before its trust can return (R must
+    also be back above the line); 0 for a trusted node. For operators: the dashboard shows it."""
+    if not w.untrusted:
+        return 0
+    return max(0, rep.probation_required(w.offences, REPUTATION) - w.clean)
+
+
 def _close(view: StateView, sec: pb.EpochsSection, params: EpochRunParams) -> None:
     cur = sec.current
     faulty = cur.reason.startswith("faulty leader")
@@ -442,15 +467,17 @@ def _close(view: StateView, sec: pb.EpochsSection, params: EpochRunParams) -> No
                 continue
             w = windows.get(node_id) or pb.ReputationWindow(node_id=node_id)
             state = rep.ReputationState(record.reputation, tuple(v / SCORE_SCALE for v in w.window_micros),
-                                        not record.trusted, w.epochs)
+                                        not record.trusted, w.epochs, w.offences, w.clean)
             new = rep.update(state, cred, REPUTATION)
             view.models.set(node_id, replace(record, reputation=new.reputation, trusted=not new.untrusted,
                                              updated_height=view.height))
             windows[node_id] = pb.ReputationWindow(
-                node_id=node_id, window_micros=[int(round(v * SCORE_SCALE)) for v in new.window], epochs=new.epochs)
+                node_id=node_id, window_micros=[int(round(v * SCORE_SCALE)) for v in new.window], epochs=new.epochs,
+                offences=new.offences, clean=new.clean, reputation=new.reputation, untrusted=new.untrusted)
             scored.append(pb.NodeScore(node_id=node_id, score_micros=int(round(cred * SCORE_SCALE))))
         del sec.windows[:]
-        sec.windows.extend(windows[k] for k in sorted(windows))
+        sec.windows.extend(windows[k] for k in sorted(windows)
+                           if view.models.get(k) is not None or not in_good_standing(windows[k]))
     if faulty:
         leader = _member(sec, cur.leader)
         if leader is not None:
