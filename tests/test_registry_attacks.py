@@ -201,3 +201,40 @@ def test_listening_on_a_wildcard_needs_advertise(committee, tmp_path):
     assert out.returncode == 2 and "needs --advertise HOST:PORT" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "m" / "node.json").exists() and not (tmp_path / "u" / "node.json").exists()
     assert json.loads(Path(committee).read_text())["chain_id"] == "attacks"
+
+
+# --------------------------------------------------------------------------- standing kept across registrations
+
+
+async def test_gt_model_tells_its_operator_when_it_comes_back_untrusted(caplog):
+    """The committee keeps an untrusted key's standing when the node leaves and registers again
+    (tests/test_epochs_txs.py::test_attack_an_untrusted_node_that_leaves_and_registers_again_stays_untrusted);
+    the operator of such a node must learn it at start-up, not wonder why no asks arrive."""
+    from dataclasses import replace
+
+    from gentorrent.crypto.keys import Identity
+    from gentorrent.ledger.sections import ModelRecord
+    from model_node import cli as model_cli
+
+    ident = Identity.from_seed(bytes([42]) * 32)
+    record = ModelRecord(node_id=ident.node_id, public_key=ident.public_key, address="127.0.0.1:9",
+                         model="smollm2-135m", capacity=1, tls_cert_pem=b"", onion_key=b"")
+
+    class Directory:  # what the committee's directory reports once the registration is listed
+        height = 7
+
+        def __init__(self, listed: ModelRecord) -> None:
+            self.models = [listed]
+
+        async def register_model(self, _record) -> None:
+            return None
+
+    for trusted, warned in ((True, False), (False, True)):
+        caplog.clear()
+        with caplog.at_level("INFO", logger=model_cli.log.name):
+            listed = replace(record, reputation=0.24 if not trusted else 1.0, trusted=trusted)
+            assert await model_cli._register(Directory(listed), record, asyncio.Event())
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert bool(warnings) == warned, warnings
+        if warned:
+            assert "UNTRUSTED (reputation 0.240" in warnings[0] and "probation" in warnings[0]
