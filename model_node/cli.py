@@ -370,7 +370,7 @@ async def _register(directory, record, stop: asyncio.Event) -> bool:
         return False
     task.result()  # a refusal raises here
     log.info("registered: the committee's directory lists this node at height %d", directory.height)
-    mine = next((m for m in directory.models if m.node_id == record.node_id), None)
+    mine = next((m for m in directory.models() if m.node_id == record.node_id), None)
     if mine is not None and not mine.trusted:  # the key's standing outlives its registration
         log.warning("the committee lists this node as UNTRUSTED (reputation %.3f, kept from when this key was "
                     "last registered): users send it no asks until it answers its challenges well for its "

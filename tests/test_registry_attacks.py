@@ -224,7 +224,10 @@ async def test_gt_model_tells_its_operator_when_it_comes_back_untrusted(caplog):
         height = 7
 
         def __init__(self, listed: ModelRecord) -> None:
-            self.models = [listed]
+            self.listed = listed
+
+        def models(self) -> list[ModelRecord]:  # gentorrent.ledger.directory.Directory
+            return [self.listed]
 
         async def register_model(self, _record) -> None:
             return None
