@@ -472,10 +472,7 @@ def trusted_epochs(scored: dict[str, list[dict]], epochs: int, runs: int, seed: 
     answers challenges well, so without probation it is trusted again one or two epochs after
     each time audits catch it. Both variants see the same draws (seeded per run), so the ratio is
     the probation's alone."""
-    import numpy as np
-
     from gentorrent.config import REPUTATION
-    from verifier.epochs import reputation as rep
 
     traffic = real_traffic(scored, flagged)
     variants = {"probation": REPUTATION, "no_probation": replace(REPUTATION, probation_epochs=0)}
@@ -487,23 +484,31 @@ def trusted_epochs(scored: dict[str, list[dict]], epochs: int, runs: int, seed: 
         sim = AuditSim(AUDITS.rate, asks_per_epoch, traffic[label])
         out[label] = {}
         for name, params in variants.items():
-            counts = []
-            for run in range(runs):
-                rng, audit_rng = random.Random(f"{seed}/trusted/{label}/{run}"), random.Random(f"{seed}/trusted/{label}/{run}/a")
-                draws = np.random.default_rng(audit_rng.getrandbits(64))
-                state, count = rep.initial_state(params), 0
-                for _ in range(epochs):
-                    cred = rng.choice(rows)["credibility"]
-                    if not state.untrusted:
-                        cred = sim.credibility(cred, audit_rng, draws)
-                    state = rep.update(state, cred, params)
-                    count += not state.untrusted
-                counts.append(count)
-            counts.sort()
+            counts = sorted(_trusted_count(rows, sim, params, epochs, f"{seed}/trusted/{label}/{run}")
+                            for run in range(runs))
             out[label][name] = {"mean": round(sum(counts) / len(counts), 2), "median": counts[len(counts) // 2],
                                 "p90": counts[int(0.9 * (len(counts) - 1))], "max": counts[-1]}
         out[label]["ratio"] = round(out[label]["probation"]["mean"] / max(1e-9, out[label]["no_probation"]["mean"]), 3)
     return out
+
+
+def _trusted_count(rows: list[dict], sim: AuditSim, params, epochs: int, seed: str) -> int:
+    """Epochs one simulated node ends trusted: a challenge drawn from `rows` each epoch, folded
+    with that epoch's audits only while the node is trusted."""
+    import numpy as np
+
+    from verifier.epochs import reputation as rep
+
+    rng, audit_rng = random.Random(seed), random.Random(f"{seed}/a")
+    draws = np.random.default_rng(audit_rng.getrandbits(64))
+    state, count = rep.initial_state(params), 0
+    for _ in range(epochs):
+        cred = rng.choice(rows)["credibility"]
+        if not state.untrusted:
+            cred = sim.credibility(cred, audit_rng, draws)
+        state = rep.update(state, cred, params)
+        count += not state.untrusted
+    return count
 
 
 def _untrusted_below() -> float:

@@ -106,6 +106,8 @@ def test_attack_a_cheater_trusted_again_after_each_clean_epoch_is_held_on_probat
             runs, run = runs + [run], 0
     assert runs == [1, 2, 4, 8]
     assert states[-1].offences == 5 and rep.probation_required(5) == 16
+    assert rep.probation_left(states[-1]) == 16 - states[-1].clean and not rep.in_good_standing(states[-1])
+    assert rep.probation_left(states[0]) == 0 and rep.in_good_standing(rep.initial_state())
     assert rep.probation_required(40) == REPUTATION.probation_max and rep.probation_required(0) == 0
 
 

@@ -24,7 +24,8 @@ from gentorrent.metrics import serve_app
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.consensus.home import DATA_DIR
 from verifier.dashboard import DashboardData, MemberRow, ModelRow, make_app
-from verifier.epochs.rules import probation_left
+from verifier.epochs.reputation import probation_left
+from verifier.epochs.rules import state_of
 from verifier.history import ClosedEpoch, ReputationHistory
 from verifier.metrics import VerifierMetrics
 
@@ -132,7 +133,7 @@ class LiveDashboard:
         rows = tuple(ModelRow(m.node_id.hex(), m.address, m.model, m.capacity, m.trusted,
                               self.history.reputations(m.node_id.hex()),
                               answered=_answered(self.history, m.node_id.hex()),
-                              probation=probation_left(windows[m.node_id]) if m.node_id in windows else 0)
+                              probation=probation_left(state_of(windows[m.node_id])) if m.node_id in windows else 0)
                      for m in models)
         last_ms = status.get("last_commit_time_ms") or 0
         block = getattr(self.node.host, "last_block", None)

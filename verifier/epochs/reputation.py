@@ -43,6 +43,8 @@ __all__ = [
     "update_all",
     "is_punished",
     "probation_required",
+    "probation_left",
+    "in_good_standing",
     "trusted_nodes",
 ]
 
@@ -88,6 +90,21 @@ def probation_required(offences: int, params: ReputationParams = REPUTATION) -> 
     if offences <= 0:
         return 0
     return min(params.probation_max, params.probation_epochs * params.probation_growth ** min(offences - 1, 32))
+
+
+def probation_left(state: ReputationState, params: ReputationParams = REPUTATION) -> int:
+    """Clean epochs an untrusted node still needs before its trust can return (R must also be
+    back above the line); 0 for a trusted node."""
+    if not state.untrusted:
+        return 0
+    return max(0, probation_required(state.offences, params) - state.clean)
+
+
+def in_good_standing(state: ReputationState, params: ReputationParams = REPUTATION) -> bool:
+    """Whether the committee may forget a node that left: coming back under the same key with a
+    fresh state would gain it nothing (trusted, never untrusted, nothing abnormal pending)."""
+    return (not state.untrusted and state.offences == 0
+            and all(value >= params.abnormal_threshold for value in state.window))
 
 
 def update(

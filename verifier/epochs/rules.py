@@ -430,11 +430,16 @@ def _credibilities(view: StateView, sec: pb.EpochsSection) -> dict[bytes, float]
     return out
 
 
-def in_good_standing(w: pb.ReputationWindow) -> bool:
-    """Whether the committee may forget a departed node: one that came back under the same key
-    would gain nothing from a fresh record (trusted, no loss of trust, nothing abnormal pending)."""
-    tau = REPUTATION.abnormal_threshold * SCORE_SCALE
-    return not w.untrusted and w.offences == 0 and all(v >= tau for v in w.window_micros)
+def state_of(w: pb.ReputationWindow) -> rep.ReputationState:
+    """The committee's memory of a node (`ReputationWindow`) as the pure reputation state."""
+    return rep.ReputationState(w.reputation, tuple(v / SCORE_SCALE for v in w.window_micros), w.untrusted,
+                               w.epochs, w.offences, w.clean)
+
+
+def _window_of(node_id: bytes, state: rep.ReputationState) -> pb.ReputationWindow:
+    return pb.ReputationWindow(node_id=node_id, window_micros=[int(round(v * SCORE_SCALE)) for v in state.window],
+                               epochs=state.epochs, offences=state.offences, clean=state.clean,
+                               reputation=state.reputation, untrusted=state.untrusted)
 
 
 def standing_of(sec: pb.EpochsSection, node_id: bytes) -> tuple[float, bool] | None:
@@ -445,14 +450,6 @@ def standing_of(sec: pb.EpochsSection, node_id: bytes) -> tuple[float, bool] | N
         if w.node_id == node_id and w.epochs:
             return w.reputation, not w.untrusted
     return None
-
-
-def probation_left(w: pb.ReputationWindow) -> int:
-    """Clean scored epochs an untrusted node still needs before its trust can return (R must
-    also be back above the line); 0 for a trusted node. For operators: the dashboard shows it."""
-    if not w.untrusted:
-        return 0
-    return max(0, rep.probation_required(w.offences, REPUTATION) - w.clean)
 
 
 def _close(view: StateView, sec: pb.EpochsSection, params: EpochRunParams) -> None:
@@ -466,18 +463,16 @@ def _close(view: StateView, sec: pb.EpochsSection, params: EpochRunParams) -> No
             if record is None:
                 continue
             w = windows.get(node_id) or pb.ReputationWindow(node_id=node_id)
-            state = rep.ReputationState(record.reputation, tuple(v / SCORE_SCALE for v in w.window_micros),
-                                        not record.trusted, w.epochs, w.offences, w.clean)
+            # R and trust as the directory lists them (a node never scored has no window yet)
+            state = replace(state_of(w), reputation=record.reputation, untrusted=not record.trusted)
             new = rep.update(state, cred, REPUTATION)
             view.models.set(node_id, replace(record, reputation=new.reputation, trusted=not new.untrusted,
                                              updated_height=view.height))
-            windows[node_id] = pb.ReputationWindow(
-                node_id=node_id, window_micros=[int(round(v * SCORE_SCALE)) for v in new.window], epochs=new.epochs,
-                offences=new.offences, clean=new.clean, reputation=new.reputation, untrusted=new.untrusted)
+            windows[node_id] = _window_of(node_id, new)
             scored.append(pb.NodeScore(node_id=node_id, score_micros=int(round(cred * SCORE_SCALE))))
         del sec.windows[:]
         sec.windows.extend(windows[k] for k in sorted(windows)
-                           if view.models.get(k) is not None or not in_good_standing(windows[k]))
+                           if view.models.get(k) is not None or not rep.in_good_standing(state_of(windows[k])))
     if faulty:
         leader = _member(sec, cur.leader)
         if leader is not None:
