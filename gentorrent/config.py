@@ -241,6 +241,8 @@ class EpochRunParams:
     epoch_pause_s: float = 30.0  # a member waits this long after an epoch opens before its VRF proof (pacing)
     poll_s: float = 0.5  # the runner looks at the committed state this often
     probe_timeout_s: float = 300.0  # one challenge or own probe, end to end, in the runner
+    probe_attempts: int = 2  # asks of a node that does not answer in time before it is reported
+    # missing (verifier/epochs/overlay_prober.py): one slow reply must not get an honest leader blamed
     replies_margin_s: float = 30.0  # left at the end of the probing phase for the replies tx to commit
     # each challenge (and each member's own probe) leaves at its own uniform random time in
     # [0, spread_s] after the probing phase opens, drawn from the OS CSPRNG, independently of every
@@ -263,6 +265,8 @@ class EpochRunParams:
         if not 0 <= self.spread_s <= self.probe_timeout_ms / 1000 - self.probe_timeout_s:
             raise ValueError(f"challenge_spread_s must be in [0, {self.probe_timeout_ms / 1000 - self.probe_timeout_s:g}]: "
                              "a challenge sent last must still be answered before the probe deadline")
+        if self.probe_attempts < 1:
+            raise ValueError(f"probe_attempts must be >= 1, got {self.probe_attempts}")
 
 
 EPOCH_RUN = EpochRunParams()

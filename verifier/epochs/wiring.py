@@ -44,7 +44,7 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
         kwargs["cloves"] = replace(kwargs.get("cloves", CLOVES), single_use_paths=True)
         user = UserNode(home, _probe_directory(probe, node.genesis, home), listen=user_listen, **kwargs)
         await user.start()
-        prober = OverlayProber(user, patience_s=params.probe_timeout_s / 2)
+        prober = OverlayProber(user, patience_s=params.probe_timeout_s / 2, attempts=params.probe_attempts)
     host = node.epoch_host()
     runner = EpochRunner(host, reference, prober, params, faults)
     if user is not None:
