@@ -114,8 +114,10 @@ def test_all_replies_done_and_reputation_applied():
     assert states["m-pruned"].reputation == pytest.approx(0.4 + 0.6 * 0.12)
 
 
-def test_leader_drops_honest_reply_and_is_caught():
-    plan, _, proposal, _ = setup_epoch()
+def test_a_contradicted_missing_report_leaves_that_node_unscored_and_scores_the_rest():
+    """A leader that drops the honest node's reply, or a node that answered every member but the
+    leader: the committee cannot tell which, so it voids that node's score only."""
+    plan, _, proposal, scores = setup_epoch()
     out = {**proposal.outcomes, "m-honest": ep.MissingOutcome("m-honest")}
     rec = record_with(replace(proposal, outcomes=out), plan)
     assert rec.phase == ep.Phase.RESOLVING and rec.missing == ("m-honest",)
@@ -123,9 +125,13 @@ def test_leader_drops_honest_reply_and_is_caught():
         rec = ep.apply_probe_report(rec, ep.ProbeReport(v, "m-honest", True))
         assert rec.phase == ep.Phase.RESOLVING
     rec = ep.apply_probe_report(rec, ep.ProbeReport("v3", "m-honest", True))
-    assert rec.phase == ep.Phase.ABORTED and rec.faulty_leader
-    before = {n: rep.initial_state() for n in NODES}
-    assert ep.finalize_reputations(before, rec) == before  # nobody's reputation changes
+    assert ep.node_decision(rec, "m-honest") == ep.REACHED
+    assert rec.phase == ep.Phase.DONE and not rec.faulty_leader and rec.reason == ep.dispute_reason("m-honest")
+    creds = ep.epoch_credibilities(rec)
+    assert "m-honest" not in creds and creds == {n: v for n, v in scores.items() if n != "m-honest"}
+    after = ep.finalize_reputations({n: rep.initial_state() for n in NODES}, rec)
+    assert after["m-honest"] == rep.initial_state()  # untouched
+    assert after["m-pruned"].reputation == pytest.approx(0.4 + 0.6 * scores["m-pruned"])  # still judged
 
 
 def test_node_that_really_does_not_answer_is_punished():
@@ -183,7 +189,7 @@ def test_honest_node_never_punished_by_up_to_f_faulty_members(f, data):
     """Leader faulty (drops the honest reply) plus up to f-1 colluding verifiers that report
     failure; honest verifiers' successes arrive in any order, possibly not all before the
     deadline. The honest node never gets credibility 0; with all honest reports in, the
-    leader is caught."""
+    leader's report is contradicted."""
     n = 3 * f + 1
     committee = [f"v{i}" for i in range(n)]
     leader = committee[0]
@@ -202,5 +208,6 @@ def test_honest_node_never_punished_by_up_to_f_faulty_members(f, data):
         rec = ep.apply_probe_report(rec, report)
     rec = ep.close_epoch(rec)
     assert ep.epoch_credibilities(rec).get("m-honest") is None
-    if delivered == len(order):
-        assert rec.phase == ep.Phase.ABORTED and rec.faulty_leader
+    if delivered == len(order):  # the leader's report is contradicted, and the summary says so
+        assert rec.phase == ep.Phase.DONE and ep.node_decision(rec, "m-honest") == ep.REACHED
+        assert rec.reason == ep.dispute_reason("m-honest")

@@ -9,8 +9,8 @@ missing, the other members' own probes fail too, the committee punishes it; kill
 untrusted, so that later probes of it fail at once), one answers every challenge with an echo
 of the prompt (garbage the reference model scores down), one breaks its receipts' signatures
 (`--misbehave bad-signature`: its replies are refused, so it is punished like the hung one).
-Leaders that drop or forge the honest node's reply, or alter a reply, are caught, and the
-honest node is unharmed.
+Leaders that forge the honest node's reply or alter a reply are caught; one that drops it is
+contradicted (the node unscored, the leader's dispute recorded); the honest node is unharmed.
 
 The cheaters started are GT_LIVE_CHEATERS (comma-separated model_node.cheaters kinds, default
 `pruned,random`); `GT_LIVE_CHEATERS=pruned,noisy,other-model,random` runs all four kinds a
@@ -256,13 +256,16 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             closed = len(sec.history)
             echoes.sup.kill("hung", signal.SIGKILL)  # from now on dead: its probes fail at once (cheaper)
 
-            # 2. a leader that drops the honest node's reply is exposed by the others' own probes
+            # 2. a leader that drops the honest node's reply is contradicted by the others' own probes:
+            #    the honest node is not scored that epoch, the leader's dispute shows, nothing aborts
             faults.drop.add(honest)
-            sec = await committee.wait(lambda s: any(h.faulty_leader and "valid replies" in h.reason
-                                                     for h in s.history[closed:]), "a dropping leader caught", 600)
+            sec = await committee.wait(lambda s: any("disputed" in h.reason and honest[:16] in h.reason
+                                                     for h in s.history[closed:]), "a dropping leader disputed", 600)
             faults.drop.clear()
             assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
-            assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)  # aborted: nobody touched
+            disputed = [h for h in sec.history[closed:] if "disputed" in h.reason]
+            assert all(h.phase == rules.DONE and not h.faulty_leader for h in disputed), disputed
+            assert sum(m.disputes for m in sec.members) >= 1
             closed = len(sec.history)
 
             # 3. a leader that forges the honest node's reply (its own text, a receipt it signed itself)

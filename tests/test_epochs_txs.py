@@ -512,29 +512,41 @@ def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):
     assert summary.phase == rules.ABORTED and summary.faulty_leader and "committed" in summary.reason
 
 
-def test_a_dropped_reply_is_probed_by_the_others_and_exposes_the_leader(chain):
+def test_attack_a_node_that_answers_everyone_but_the_leader_cannot_void_the_epoch(chain):
+    """The probing phase is public, and the members probe a node reported missing only after it:
+    a node that stalls during the phase and answers at once after it is missing for the leader
+    and reached by every other member. When that aborted the epoch (leader "faulty"), one such
+    node voided every epoch and every other node's score: here the cheater scored 0 would have
+    stayed at 1.0. Now only the stalling node goes unscored, and the leader's dispute shows
+    (the same ending as a leader that drops the node's reply: the committee cannot tell them
+    apart)."""
     register_keys(chain)
 
-    def drop_first(prompts):
+    def stall_first(prompts):
         items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
         items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, missing=True, reason="no reply")
         return items
 
-    leader, epoch, _ = run_to_replies(chain, drop_first)
+    leader, epoch, _ = run_to_replies(chain, stall_first)
     others = [m for m in MEMBERS if m != leader]
-    dropped = MODELS[0].node_id
-    report = epoch_txs.probe_report(leader, epoch, dropped, False, chain.next_seq(leader), chain_id=CHAIN)
+    stalling, cheater = MODELS[0].node_id, MODELS[1].node_id
+    report = epoch_txs.probe_report(leader, epoch, stalling, False, chain.next_seq(leader), chain_id=CHAIN)
     assert chain.app.check_tx(report).code == txs.CODE_UNAUTHORIZED  # the leader cannot probe too
-    scores = {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)}
-    attest(chain, MEMBERS[:3], epoch, scores)
+    attest(chain, MEMBERS[:3], epoch, {cheater: (0, 0), MODELS[2].node_id: (900_000, 0)})
     assert chain.section.current.phase == rules.RESOLVING
     for i, m in enumerate(others):
-        chain.block([epoch_txs.probe_report(m, epoch, dropped, True, chain.next_seq(m), chain_id=CHAIN)])
+        chain.block([epoch_txs.probe_report(m, epoch, stalling, True, chain.next_seq(m), chain_id=CHAIN)])
         if i < 2:
             assert chain.section.current.epoch == epoch
     summary = chain.section.history[-1]
-    assert summary.phase == rules.ABORTED and summary.faulty_leader
-    assert all(chain.model(m).reputation == 1.0 for m in MODELS)
+    assert summary.epoch == epoch and summary.phase == rules.DONE and not summary.faulty_leader
+    assert "disputed" in summary.reason and stalling.hex()[:16] in summary.reason
+    assert {s.node_id: s.score_micros for s in summary.result} == {cheater: 0, MODELS[2].node_id: 900_000}
+    assert chain.model(MODELS[0]).reputation == 1.0  # unscored, not punished
+    assert chain.model(MODELS[1]).reputation == pytest.approx(REPUTATION.alpha * 1.0)  # judged all the same
+    members = {m.public_key: m for m in chain.section.members}
+    assert members[leader.public_key].disputes == 1 and members[leader.public_key].faults == 0
+    assert sum(m.disputes for m in members.values()) == 1
 
 
 def test_a_node_that_fails_other_members_probes_is_punished(chain):

@@ -1,7 +1,8 @@
 """The committee's judgement under faults (testkit/scenarios/epochs.py, shared with
 bench/reliability.py): a leader that drops, alters or forges the honest node's reply, or leaves the node out of its
 plan, is blamed
-and its epoch aborts without touching any reputation; a model node that goes down or cheats is
+and its epoch aborts without touching any reputation (a dropped reply: the leader's report is
+disputed, the dropped node unscored, the rest of the epoch stands); a model node that goes down or cheats is
 penalised in every epoch that probes it until it is untrusted. The honest node stays at 1.0
 throughout. Real committee (4 verifier nodes over gRPC/TLS), scripted model replies and scores."""
 
@@ -22,7 +23,11 @@ async def test_the_committee_judges_every_probed_epoch_right(tmp_path, mode):
     assert out["recover_s"] is not None, out
     final, trace = out["extra"]["final"], out["extra"]["trace"]
     assert final["honest"] == 1.0, out
-    if mode.startswith("leader"):
+    if mode == "leader-drop":  # disputed, not aborted: the other node is scored, the dropped one is not
+        assert out["extra"]["leader_faults_charged"] == out["requests_sent"], out
+        disputed = [t for t in trace if "disputed" in t["reason"]]
+        assert disputed and all(not t["faulty_leader"] and len(t["scores"]) == 1 for t in disputed), trace
+    elif mode.startswith("leader"):
         assert out["extra"]["leader_faults_charged"] == out["requests_sent"], out
         assert all(t["faulty_leader"] and not t["scores"] for t in trace), trace  # aborted: nobody scored
     else:

@@ -4,8 +4,11 @@ and one party misbehaves:
 
 - `leader-drop`, `leader-alter`, `leader-forge`, `leader-omit`: every member, when it leads,
   drops the honest node's reply (reports it missing), alters a token of it, forges a reply of
-  its own with a receipt it signed itself, or leaves the node out of its plan. Each such epoch must abort with the leader blamed, and the honest
-  node's reputation must not move.
+  its own with a receipt it signed itself, or leaves the node out of its plan. An altered,
+  forged or omitting epoch must abort with the leader blamed; a dropping one must end with the
+  leader's report disputed (the other members reached the node: it is left unscored, the rest
+  of the epoch stands, verifier/epochs/epoch.py). Either way the honest node's reputation must
+  not move.
 - `node-down`, `node-cheat`: after an honest first epoch, one model node stops answering, or
   answers with tokens the reference model finds implausible. The committee must give it
   credibility 0 (down: the other members' own probes confirm the leader's report) or a score
@@ -16,7 +19,7 @@ How the table's columns read here: `requests_sent` = epochs that probed the faul
 `answered` = those the committee judged right, `lost` = those it judged wrong (a lie
 accepted, a faulty node not penalised, the honest node's reputation lowered); `recover_s` =
 seconds from the start of the fault until it is neutralised (the first abort blaming the
-leader, or the node untrusted). The live version with vLLM, the overlay and real model-node
+leader or dispute against it, or the node untrusted). The live version with vLLM, the overlay and real model-node
 processes is tests/test_epochs_live.py (too slow for this table).
 """
 
@@ -69,22 +72,25 @@ async def epoch_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
                 trace.append({"epoch": h.epoch, "phase": h.phase, "faulty_leader": h.faulty_leader,
                               "reason": h.reason[:80], "scores": {k.hex()[:8]: v for k, v in scores.items()},
                               "reputation": reps})
-                probed = target.node_id in scores or h.phase == rules.ABORTED  # (an abort names its reason)
+                disputed = "disputed" in h.reason
+                probed = target.node_id in scores or h.phase == rules.ABORTED or disputed  # (both name a reason)
                 if not probed:
                     continue
-                if mode.startswith("leader"):
+                if mode == "leader-drop":
+                    right = h.phase == rules.DONE and disputed and target.node_id not in scores and reps["honest"] == 1.0
+                elif mode.startswith("leader"):
                     right = h.phase == rules.ABORTED and h.faulty_leader and reps["honest"] == 1.0
                 else:
                     penalised = scores.get(target.node_id, 0.0) < REPUTATION.abnormal_threshold
                     right = h.phase == rules.DONE and penalised and reps["honest"] == 1.0
                 judged_right += right
                 judged_wrong += not right
-                neutralised = (h.faulty_leader if mode.startswith("leader")
+                neutralised = (h.faulty_leader or disputed if mode.startswith("leader")
                                else not committee.model(target).trusted)
                 if recover_s is None and right and neutralised:
                     recover_s = time.monotonic() - fault_at
             closed = len(sec.history)
-        faults_charged = sum(m.faults for m in sec.members)
+        faults_charged = sum(m.faults + m.disputes for m in sec.members)  # (a dropping leader: disputes)
         final = {"honest": _rep(committee, honest), "target": _rep(committee, target),
                  "target_trusted": committee.model(target).trusted}
     finally:

@@ -17,14 +17,24 @@ Two pure pieces:
   own report counting as one failure:
 
     failures * 3 > N        the node misbehaves on purpose: credibility 0 this epoch
-    successes * 3 > 2 * N   the leader lied: the epoch aborts, no reputation changes at all
+    successes * 3 > 2 * N   the leader's report is contradicted ("reached"): the node is not
+                            scored this epoch, everyone else is, and the leader's dispute
+                            count grows
     otherwise               undecided: no change for that node
 
   With N = 3f + 1 and at most f faulty members (leader included), faulty members can produce at
   most f < N/3 failure reports, so an honest node is never punished by them; and once the
-  N - f >= 2f + 1 honest members' successes are in, a lying leader is always caught. The two
-  decisions exclude each other (successes + failures <= N), so the outcome does not depend on
-  the order in which reports commit.
+  N - f >= 2f + 1 honest members' successes are in, a leader's lie is always contradicted. The
+  two decisions exclude each other (successes + failures <= N), so the outcome does not depend
+  on the order in which reports commit.
+
+  A contradicted report does not prove the leader lied: a node that answers every request but
+  those of the probing phase (public on chain) is missing for the leader and reached by the
+  members, who probe later. When a contradicted report aborted the epoch, such a node voided
+  every epoch, and with it every other node's scores (and got honest leaders blamed). Now it
+  voids only its own score, which it could as well get by not answering at all, except that
+  failing the members' probes too is punished; a lying leader can leave unscored only the nodes
+  it reports missing in the epochs it leads, and its disputes show.
 """
 
 from __future__ import annotations
@@ -55,6 +65,11 @@ __all__ = [
     "apply_probe_report",
     "close_epoch",
     "node_decision",
+    "all_decided",
+    "dispute_reason",
+    "PUNISH",
+    "REACHED",
+    "UNDECIDED",
     "epoch_credibilities",
     "finalize_reputations",
 ]
@@ -253,29 +268,38 @@ def apply_result(rec: EpochRecord, proposal: EpochProposal) -> EpochRecord:
     return replace(rec, phase=phase, scores=scores, missing=tuple(missing), reports={n: {} for n in missing})
 
 
+PUNISH, REACHED, UNDECIDED = "punish", "reached", "undecided"
+
+
 def node_decision(rec: EpochRecord, node_id: str) -> str:
-    """'punish', 'leader_faulty' or 'undecided' for a node the leader reported missing."""
+    """PUNISH, REACHED (the leader's report is contradicted: unscored) or UNDECIDED for a node
+    the leader reported missing."""
     votes = rec.reports.get(node_id, {})
     n = len(rec.committee)
     failures = 1 + sum(1 for ok in votes.values() if not ok)  # the leader's report counts once
     successes = sum(1 for ok in votes.values() if ok)
     if successes * 3 > 2 * n:
-        return "leader_faulty"
+        return REACHED
     if failures * 3 > n:
-        return "punish"
-    return "undecided"
+        return PUNISH
+    return UNDECIDED
 
 
-def _all_decided(rec: EpochRecord) -> bool:
+def dispute_reason(node_id: str) -> str:
+    """What an epoch's summary says of a contradicted missing-reply report."""
+    return (f"disputed: the leader reported {node_id[:16]} missing but > 2/3 of the committee got valid "
+            "replies from it (not scored this epoch)")
+
+
+def all_decided(rec: EpochRecord) -> bool:
+    """Every node reported missing is decided, or every member but the leader has reported on it."""
     others = len(rec.committee) - 1
-    return all(
-        node_decision(rec, node) != "undecided" or len(rec.reports.get(node, {})) == others
-        for node in rec.missing
-    )
+    return all(node_decision(rec, node) != UNDECIDED or len(rec.reports.get(node, {})) >= others
+               for node in rec.missing)
 
 
 def apply_probe_report(rec: EpochRecord, report: ProbeReport) -> EpochRecord:
-    """One verifier's probe report; may abort the epoch (lying leader) or settle it."""
+    """One verifier's probe report; may decide the node and settle the epoch."""
     if rec.phase != Phase.RESOLVING:
         raise EpochError(f"epoch {rec.epoch} is {rec.phase}, not resolving missing replies")
     if report.verifier_id not in rec.committee:
@@ -290,10 +314,9 @@ def apply_probe_report(rec: EpochRecord, report: ProbeReport) -> EpochRecord:
     reports = dict(rec.reports)
     reports[report.node_id] = {**votes, report.verifier_id: bool(report.ok)}
     rec = replace(rec, reports=reports)
-    if node_decision(rec, report.node_id) == "leader_faulty":
-        return replace(rec, phase=Phase.ABORTED, faulty_leader=True,
-                       reason=f"leader {rec.leader} falsely reported {report.node_id} missing")
-    if _all_decided(rec):
+    if node_decision(rec, report.node_id) == REACHED and dispute_reason(report.node_id) not in rec.reason:
+        rec = replace(rec, reason="; ".join(filter(None, (rec.reason, dispute_reason(report.node_id)))))
+    if all_decided(rec):
         return replace(rec, phase=Phase.DONE)
     return rec
 
@@ -313,7 +336,7 @@ def epoch_credibilities(rec: EpochRecord) -> dict[str, float]:
         return {}
     out = dict(rec.scores)
     for node_id in rec.missing:
-        if node_decision(rec, node_id) == "punish":
+        if node_decision(rec, node_id) == PUNISH:
             out[node_id] = 0.0
     return out
 

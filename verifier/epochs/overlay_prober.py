@@ -8,6 +8,7 @@ format, same sealing, same cloves, so a model node cannot tell a challenge from 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from gentorrent.config import EPOCH_RUN
 from gentorrent.wire import gentorrent_pb2 as pb
@@ -16,6 +17,8 @@ from user_client.node import UserNode
 from verifier.epochs.runner import ProbeAnswer, ProbeFailed
 
 __all__ = ["OverlayProber"]
+
+log = logging.getLogger(__name__)
 
 
 class OverlayProber:
@@ -54,6 +57,8 @@ class OverlayProber:
                 unanswered += 1
                 if exc.code not in (NO_ANSWER, OVERLOADED) or unanswered >= self.attempts:
                     raise ProbeFailed(str(exc)[:300]) from exc
+                log.info("probe of %s: %s; asking again over fresh paths (%d of %d)", node_id_hex[:12],
+                         str(exc)[:160], unanswered + 1, self.attempts)
         if answer.receipt is None:
             raise ProbeFailed("the reply carries no signed receipt")
         # served_by may be a group member the node forwarded to: the runner decides whether

@@ -28,7 +28,9 @@ of (committed state, block), so every member applies it identically in FinalizeB
                signed reply, the leader altered it: faulty, abort
     resolving  nodes reported missing are probed by the other members with prompts of their own
                (epoch.node_decision): > N/3 failures (the leader's report counts as one) ->
-               credibility 0; > 2N/3 successes -> the leader lied: faulty, abort
+               credibility 0; > 2N/3 successes -> disputed: that node is not scored this epoch,
+               the others are, and the leader's dispute count grows (a node that stalls only
+               for the probing phase cannot void the epoch)
     done       FinalizeBlock applies R(T) (verifier.epochs.reputation) to every scored node,
                updates its trusted flag, records a summary, and opens the next epoch
 
@@ -58,7 +60,7 @@ from verifier.epochs import vrf
 from verifier.epochs.audits import agree_audit_scores, fold_credibility
 from verifier.epochs.challenges import (ChallengeEntry, ChallengeError, ChallengePlan, check_plan, epoch_probe_seed,
                                         select_probe_set)
-from verifier.epochs.epoch import EpochRecord, node_decision
+from verifier.epochs.epoch import PUNISH, REACHED, EpochRecord, all_decided, dispute_reason, node_decision
 
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
 DONE, ABORTED = "done", "aborted"
@@ -344,11 +346,14 @@ def _probe_report(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.E
         raise _bad(f"{m.node_id.hex()[:16]} was not reported missing")
     if any(p.node_id == m.node_id and p.public_key == signer for p in cur.probes):
         raise _bad("this member already reported on that node")
+    before = node_decision(_record(view, sec), m.node_id.hex())
     cur.probes.append(pb.ProbeReportEntry(node_id=m.node_id, public_key=signer, ok=m.ok))
-    if node_decision(_record(view, sec), m.node_id.hex()) == "leader_faulty":
-        _abort(cur, faulty=True, reason=f"the leader reported {m.node_id.hex()[:16]} missing but > 2/3 of the "
-                                        "committee got valid replies from it")
-        return
+    if before != REACHED and node_decision(_record(view, sec), m.node_id.hex()) == REACHED:
+        # contradicted: a lying leader or a node that answered all but it (epoch.py); no abort
+        cur.reason = "; ".join(filter(None, (cur.reason, dispute_reason(m.node_id.hex()))))
+        leader = _member(sec, cur.leader)
+        if leader is not None:
+            leader.disputes += 1
     _maybe_settle(view, sec)
 
 
@@ -357,9 +362,7 @@ def _maybe_settle(view: StateView, sec: pb.EpochsSection) -> None:
     cur = sec.current
     if cur.phase != RESOLVING:
         return
-    rec = _record(view, sec)
-    others = len(rec.committee) - 1
-    if all(node_decision(rec, n) != "undecided" or len(rec.reports.get(n, {})) >= others for n in rec.missing):
+    if all_decided(_record(view, sec)):
         cur.phase = DONE
 
 
@@ -421,7 +424,7 @@ def _credibilities(view: StateView, sec: pb.EpochsSection) -> dict[bytes, float]
         out[s.node_id] = min(out.get(s.node_id, 1.0), s.score_micros / SCORE_SCALE)
     rec = _record(view, sec)
     for r in cur.replies:
-        if r.missing and node_decision(rec, r.node_id.hex()) == "punish":
+        if r.missing and node_decision(rec, r.node_id.hex()) == PUNISH:
             out[r.node_id] = 0.0
     reports = {e.public_key.hex(): {s.node_id: s.score_micros / SCORE_SCALE for s in e.scores}
                for e in cur.audit_reports}
