@@ -287,7 +287,7 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             assert any(f"{cheat[:12]}: receipt covers different output tokens" in n for n in notes), notes[-12:]
             assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
             assert all(not h.result for h in sec.history[closed:] if h.faulty_leader)
-            assert sum(m.faults for m in sec.members) >= 2
+            assert sum(m.faults for m in sec.members) >= 1 and sum(m.disputes for m in sec.members) >= 1
         finally:
             print("reputations after each closed epoch:")
             for epoch, phase, elapsed, reps in committee.trace:
