@@ -139,11 +139,35 @@ def test_node_that_really_does_not_answer_is_punished():
     out = {**proposal.outcomes, "m-pruned": ep.MissingOutcome("m-pruned")}
     rec = record_with(replace(proposal, outcomes=out), plan)
     rec = ep.apply_probe_report(rec, ep.ProbeReport("v2", "m-pruned", False))
-    assert rec.phase == ep.Phase.DONE  # leader + v2 = 2 failures of 4 > 1/3: decided
+    assert rec.phase == ep.Phase.RESOLVING  # one failure of the 3 others: the leader's report does not count
+    rec = ep.apply_probe_report(rec, ep.ProbeReport("v3", "m-pruned", False))
+    assert rec.phase == ep.Phase.DONE  # 2 of the 3 others: 2 * 3 > 3, decided
     creds = ep.epoch_credibilities(rec)
     assert creds["m-pruned"] == 0.0 and creds["m-honest"] == scores["m-honest"]
     with pytest.raises(ep.EpochError):  # late reports change nothing
-        ep.apply_probe_report(rec, ep.ProbeReport("v3", "m-pruned", True))
+        ep.apply_probe_report(rec, ep.ProbeReport("v1", "m-pruned", True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(f=st.integers(min_value=1, max_value=3), data=st.data())
+def test_attack_f_members_cannot_zero_a_slow_honest_node_its_honest_leader_missed(f, data):
+    """An honest leader's challenge of a slow honest node timed out, and it reported the node
+    missing (truthfully, as it saw it). The f faulty members vote "failed", the honest ones
+    reached it. When the leader's report counted as a failure, 1 + f > N/3 zeroed the node."""
+    n = 3 * f + 1
+    committee = [f"v{i}" for i in range(n)]
+    faulty = committee[1 : 1 + f]
+    reports = [ep.ProbeReport(v, "m-honest", v not in faulty) for v in committee[1:]]
+    order = data.draw(st.permutations(reports))
+    plan = ch.make_plan(1, [ch.Reveal("m-honest", b"\x01" * 32, Q("How do tides work?"))])
+    rec = ep.start_epoch(1, committee[0], committee, plan)
+    rec = ep.apply_result(rec, ep.EpochProposal(1, committee[0], {"m-honest": ep.MissingOutcome("m-honest")}))
+    for report in order:
+        if rec.phase != ep.Phase.RESOLVING:
+            break
+        rec = ep.apply_probe_report(rec, report)
+        assert ep.node_decision(rec, "m-honest") != ep.PUNISH
+    assert "m-honest" not in ep.epoch_credibilities(ep.close_epoch(rec))
 
 
 def test_undecided_at_deadline_changes_nothing_for_that_node():

@@ -65,10 +65,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)
 MODEL = "smollm2-135m"
 CHEATERS = tuple(k.strip() for k in os.environ.get("GT_LIVE_CHEATERS", "pruned,random").split(","))
 CHAIN = "live"
-# one attempt per probe: the SIGSTOPped node would cost every probe of it a second 120 s wait (the
-# devnet test, loaded, runs the default two: verifier/epochs/overlay_prober.py)
 PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0,
-                             challenge_spread_s=3.0, probe_attempts=1)
+                             challenge_spread_s=3.0)
 
 
 class LiveCommittee:

@@ -13,20 +13,25 @@ Two pure pieces:
 
 * :class:`EpochRecord` and its transitions are what FinalizeBlock applies, identically on every
   member, to committed transactions: the accepted result, then the other verifiers' own probe
-  reports for each node the leader reported missing. With N committee members and the leader's
-  own report counting as one failure:
+  reports for each node the leader reported missing. With N committee members, counting the
+  reports of the N - 1 others (the leader's own report is not counted: an honest leader's probe
+  of a slow honest node can fail, and with f faulty members voting "failed" it made f + 1 > N/3
+  failures: the honest node zeroed):
 
-    failures * 3 > N        the node misbehaves on purpose: credibility 0 this epoch
+    failures * 3 > N - 1    the node misbehaves on purpose: credibility 0 this epoch (at least
+                            one honest member failed to reach it too; a committee of one
+                            trusts its leader)
     successes * 3 > 2 * N   the leader's report is contradicted ("reached"): the node is not
                             scored this epoch, everyone else is, and the leader's dispute
                             count grows
     otherwise               undecided: no change for that node
 
-  With N = 3f + 1 and at most f faulty members (leader included), faulty members can produce at
-  most f < N/3 failure reports, so an honest node is never punished by them; and once the
-  N - f >= 2f + 1 honest members' successes are in, a leader's lie is always contradicted. The
-  two decisions exclude each other (successes + failures <= N), so the outcome does not depend
-  on the order in which reports commit.
+  With N = 3f + 1 and at most f faulty members, faulty members can produce at most f failure
+  reports, and f * 3 > 3f never holds, so an honest node is never punished by them; and once the
+  honest members' successes are in (at least 2f + 1 of them when the leader is faulty), a
+  leader's lie is always contradicted. The two decisions exclude each other (they would need
+  more than N - 1/3 reports of N - 1), so the outcome does not depend on the order in which
+  reports commit.
 
   A contradicted report does not prove the leader lied: a node that answers every request but
   those of the probing phase (public on chain) is missing for the leader and reached by the
@@ -276,11 +281,11 @@ def node_decision(rec: EpochRecord, node_id: str) -> str:
     the leader reported missing."""
     votes = rec.reports.get(node_id, {})
     n = len(rec.committee)
-    failures = 1 + sum(1 for ok in votes.values() if not ok)  # the leader's report counts once
+    failures = sum(1 for ok in votes.values() if not ok)  # the others' reports: never the leader's
     successes = sum(1 for ok in votes.values() if ok)
     if successes * 3 > 2 * n:
         return REACHED
-    if failures * 3 > n:
+    if failures * 3 > n - 1 or n == 1:
         return PUNISH
     return UNDECIDED
 

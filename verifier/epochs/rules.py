@@ -27,8 +27,8 @@ of (committed state, block), so every member applies it identically in FinalizeB
                N/3 members say a reply is not for the committed prompt or not the node's
                signed reply, the leader altered it: faulty, abort
     resolving  nodes reported missing are probed by the other members with prompts of their own
-               (epoch.node_decision): > N/3 failures (the leader's report counts as one) ->
-               credibility 0; > 2N/3 successes -> disputed: that node is not scored this epoch,
+               (epoch.node_decision): failures by more than (N - 1)/3 of them (the leader's
+               report does not count) -> credibility 0; > 2N/3 successes -> disputed: that node is not scored this epoch,
                the others are, and the leader's dispute count grows (a node that stalls only
                for the probing phase cannot void the epoch)
     done       FinalizeBlock applies R(T) (verifier.epochs.reputation) to every scored node,
@@ -349,8 +349,10 @@ def _probe_report(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.E
     before = node_decision(_record(view, sec), m.node_id.hex())
     cur.probes.append(pb.ProbeReportEntry(node_id=m.node_id, public_key=signer, ok=m.ok))
     if before != REACHED and node_decision(_record(view, sec), m.node_id.hex()) == REACHED:
-        # contradicted: a lying leader or a node that answered all but it (epoch.py); no abort
-        cur.reason = "; ".join(filter(None, (cur.reason, dispute_reason(m.node_id.hex()))))
+        # contradicted: a lying leader or a node that answered all but it (epoch.py); no abort.
+        # The reason names the first few (the history keeps reasons: bounded); disputes counts all
+        if cur.reason.count("disputed:") < REASONS_LISTED:
+            cur.reason = "; ".join(filter(None, (cur.reason, dispute_reason(m.node_id.hex()))))
         leader = _member(sec, cur.leader)
         if leader is not None:
             leader.disputes += 1

@@ -16,12 +16,12 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from gentorrent.config import AUDITS, CLOVES, EPOCH_RUN, AuditParams, EpochRunParams
+from gentorrent.config import AUDITS, CLOVES, EPOCH_RUN, OVERLAY, AuditParams, EpochRunParams, OverlayParams
 from verifier.epochs.audit_service import service_for
 from verifier.epochs.reference import RemoteReference
 from verifier.epochs.runner import EpochRunner, LeaderFaults
 
-__all__ = ["attach_epochs"]
+__all__ = ["attach_epochs", "probe_user_params"]
 
 PROBE_HOME = "epoch-user"
 
@@ -42,9 +42,10 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
         kwargs = dict(user_kwargs or {})
         # a fresh path set for every challenge: no two challenges (or own probes) share a path
         kwargs["cloves"] = replace(kwargs.get("cloves", CLOVES), single_use_paths=True)
+        kwargs["params"] = probe_user_params(params, kwargs.get("params", OVERLAY))
         user = UserNode(home, _probe_directory(probe, node.genesis, home), listen=user_listen, **kwargs)
         await user.start()
-        prober = OverlayProber(user, patience_s=params.probe_timeout_s / 2, attempts=params.probe_attempts)
+        prober = OverlayProber(user, patience_s=params.probe_timeout_s / 2)
     host = node.epoch_host()
     runner = EpochRunner(host, reference, prober, params, faults)
     if user is not None:
@@ -57,6 +58,14 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
     node.epochs = runner
     runner.start()
     return runner
+
+
+def probe_user_params(params: EpochRunParams, overlay: OverlayParams) -> OverlayParams:
+    """The probing user node's overlay settings: a user's, waiting `params.probe_reply_wait_s`
+    for a first reply when that is longer (a more patient setting is kept; the runner gives up
+    on a probe after `params.probe_timeout_s` whatever the node waits)."""
+    wait = min(params.probe_reply_wait_s, params.probe_timeout_s)
+    return replace(overlay, first_reply_timeout_s=max(overlay.first_reply_timeout_s, wait))
 
 
 async def _cancel(task: asyncio.Task) -> None:
