@@ -39,7 +39,8 @@ Two pure pieces:
   every epoch, and with it every other node's scores (and got honest leaders blamed). Now it
   voids only its own score, which it could as well get by not answering at all, except that
   failing the members' probes too is punished; a lying leader can leave unscored only the nodes
-  it reports missing in the epochs it leads, and its disputes show.
+  it reports missing in the epochs it leads, and its disputes are counted in committed state
+  (`MemberKeysEntry.disputes`, where a stalling node raises them against every leader alike).
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ of (committed state, block), so every member applies it identically in FinalizeB
                signed reply, the leader altered it: faulty, abort
     resolving  nodes reported missing are probed by the other members with prompts of their own
                (epoch.node_decision): failures by more than (N - 1)/3 of them (the leader's
-               report does not count) -> credibility 0; > 2N/3 successes -> disputed: that node is not scored this epoch,
-               the others are, and the leader's dispute count grows (a node that stalls only
-               for the probing phase cannot void the epoch)
+               report does not count) -> credibility 0; > 2N/3 successes -> disputed: that
+               node is not scored this epoch, the others are, and the leader's dispute count
+               grows (a node that stalls only for the probing phase cannot void the epoch)
     done       FinalizeBlock applies R(T) (verifier.epochs.reputation) to every scored node,
                updates its trusted flag, records a summary, and opens the next epoch
 
