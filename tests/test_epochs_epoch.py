@@ -235,3 +235,14 @@ def test_honest_node_never_punished_by_up_to_f_faulty_members(f, data):
     if delivered == len(order):  # the leader's report is contradicted, and the summary says so
         assert rec.phase == ep.Phase.DONE and ep.node_decision(rec, "m-honest") == ep.REACHED
         assert rec.reason == ep.dispute_reason("m-honest")
+
+
+def test_an_epoch_reason_names_at_most_reasons_listed_disputes():
+    """Summaries stay in committed state: a leader disputed on every node of a large probe set
+    cannot grow one reason without bound (its disputes counter counts them all)."""
+    reason = ""
+    for i in range(ep.REASONS_LISTED + 3):
+        reason = ep.note_dispute(reason, f"{i:02d}" * 32)
+    assert reason.count("disputed:") == ep.REASONS_LISTED
+    assert f"{ep.REASONS_LISTED - 1:02d}" * 8 in reason and f"{ep.REASONS_LISTED:02d}" * 8 not in reason
+    assert ep.note_dispute("faulty leader: x", "ab" * 32).startswith("faulty leader: x; disputed:")

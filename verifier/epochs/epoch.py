@@ -73,6 +73,8 @@ __all__ = [
     "node_decision",
     "all_decided",
     "dispute_reason",
+    "note_dispute",
+    "REASONS_LISTED",
     "PUNISH",
     "REACHED",
     "UNDECIDED",
@@ -291,10 +293,21 @@ def node_decision(rec: EpochRecord, node_id: str) -> str:
     return UNDECIDED
 
 
+REASONS_LISTED = 4  # nodes named in one epoch's reason (the history keeps reasons: bounded)
+
+
 def dispute_reason(node_id: str) -> str:
     """What an epoch's summary says of a contradicted missing-reply report."""
     return (f"disputed: the leader reported {node_id[:16]} missing but > 2/3 of the committee got valid "
             "replies from it (not scored this epoch)")
+
+
+def note_dispute(reason: str, node_id: str) -> str:
+    """`reason` with the dispute of `node_id` added, unless REASONS_LISTED disputes are named
+    already (the leader's disputes counter counts them all)."""
+    if reason.count("disputed:") >= REASONS_LISTED:
+        return reason
+    return "; ".join(filter(None, (reason, dispute_reason(node_id))))
 
 
 def all_decided(rec: EpochRecord) -> bool:
@@ -317,11 +330,12 @@ def apply_probe_report(rec: EpochRecord, report: ProbeReport) -> EpochRecord:
     votes = rec.reports[report.node_id]
     if report.verifier_id in votes:
         raise EpochError(f"{report.verifier_id} already reported on {report.node_id}")
+    before = node_decision(rec, report.node_id)
     reports = dict(rec.reports)
     reports[report.node_id] = {**votes, report.verifier_id: bool(report.ok)}
     rec = replace(rec, reports=reports)
-    if node_decision(rec, report.node_id) == REACHED and dispute_reason(report.node_id) not in rec.reason:
-        rec = replace(rec, reason="; ".join(filter(None, (rec.reason, dispute_reason(report.node_id)))))
+    if before != REACHED and node_decision(rec, report.node_id) == REACHED:
+        rec = replace(rec, reason=note_dispute(rec.reason, report.node_id))
     if all_decided(rec):
         return replace(rec, phase=Phase.DONE)
     return rec

@@ -60,12 +60,12 @@ from verifier.epochs import vrf
 from verifier.epochs.audits import agree_audit_scores, fold_credibility
 from verifier.epochs.challenges import (ChallengeEntry, ChallengeError, ChallengePlan, check_plan, epoch_probe_seed,
                                         select_probe_set)
-from verifier.epochs.epoch import PUNISH, REACHED, EpochRecord, all_decided, dispute_reason, node_decision
+from verifier.epochs.epoch import (PUNISH, REACHED, REASONS_LISTED, EpochRecord, all_decided, node_decision,
+                                   note_dispute)
 
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
 DONE, ABORTED = "done", "aborted"
 CODE_WRONG_PHASE = 30  # an epoch tx that does not fit the epoch's phase (a late or early one)
-REASONS_LISTED = 4  # altered replies named in an abort reason (the history keeps reasons: bounded)
 
 __all__ = ["next_section", "end_block", "leader_of", "member_keys_of", "phase_of", "CODE_WRONG_PHASE",
            "ELECTING", "PLANNING", "PROBING", "ATTESTING", "RESOLVING", "DONE", "ABORTED"]
@@ -349,10 +349,8 @@ def _probe_report(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.E
     before = node_decision(_record(view, sec), m.node_id.hex())
     cur.probes.append(pb.ProbeReportEntry(node_id=m.node_id, public_key=signer, ok=m.ok))
     if before != REACHED and node_decision(_record(view, sec), m.node_id.hex()) == REACHED:
-        # contradicted: a lying leader or a node that answered all but it (epoch.py); no abort.
-        # The reason names the first few (the history keeps reasons: bounded); disputes counts all
-        if cur.reason.count("disputed:") < REASONS_LISTED:
-            cur.reason = "; ".join(filter(None, (cur.reason, dispute_reason(m.node_id.hex()))))
+        # contradicted: a lying leader or a node that answered all but it (epoch.py); no abort
+        cur.reason = note_dispute(cur.reason, m.node_id.hex())
         leader = _member(sec, cur.leader)
         if leader is not None:
             leader.disputes += 1
