@@ -4,6 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the tests that start vLLM engines run on one, in file order
+# (tests/conftest.py groups them), everything else on the other. PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test proto bench sims clean
 
@@ -23,7 +26,7 @@ demo: setup
 
 # pytest exits 5 when it collects no test: that is a failure here, never a green run.
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 proto: setup
 	$(BIN)/python -m gentorrent.wire.generate

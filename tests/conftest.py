@@ -91,3 +91,37 @@ def model_node(tmp_path_factory) -> ModelNodeProcess:
         yield node
     finally:
         node.stop()
+
+
+# --------------------------------------------------------------------------- one worker for engines
+# `make test` runs on two pytest-xdist workers (`--dist loadgroup`). Every test that starts a
+# vLLM engine or uses the session's model node goes to ONE worker, in file order: engines
+# are what a 2-core machine cannot run two of at once without timing out epochs, a second
+# worker would start a second session engine, and test_model_node's restart test must stay
+# after the tests that share the node. Everything else runs on the other worker meanwhile.
+# The tests that wait for verification epochs go last: they are the ones a busy machine can
+# push past their deadlines, and by then the other worker has finished.
+
+ENGINE_GROUP = "engines"
+EPOCH_WAITING_FILES = ("test_epochs_live.py", "test_devnet.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.get_closest_marker("engine") or "model_node" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+    items.sort(key=lambda item: item.get_closest_marker("engine") is not None
+               and item.path.name in EPOCH_WAITING_FILES)
+
+
+
+@pytest.fixture(autouse=True)
+def _engine_tests_grouped(request) -> None:
+    """Fail loudly where the grouping does not take (pytest 9.2 with xdist 3.8 drops it
+    silently, pytest-dev/pytest-xdist#1386): two engine tests at once time out on 2 cores."""
+    item = request.node
+    if getattr(request.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group") \
+            and not item.nodeid.endswith(f"@{ENGINE_GROUP}"):
+        pytest.fail("--dist loadgroup did not keep the engine tests on one worker: use the pytest and "
+                    "pytest-xdist versions pyproject.toml names", pytrace=False)

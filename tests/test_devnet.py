@@ -15,10 +15,16 @@ every challenge, since the devnet publishes its challenges' reply cap
 (`--challenge-max-tokens`) — and garbage to everything else. The committee and the users run
 audits at rate 1 (`--audit-rate 1`), and users keep asking while the epochs run: the selective
 cheater falls to the audits of its real replies.
+
+GT_DEVNET_CHEATERS (comma-separated `gt-model serve --dishonest` kinds, default
+`replay,selective`) swaps the two cheaters for others: `GT_DEVNET_CHEATERS=noisy,other-model`
+runs the two kinds `make test` runs live nowhere else (Gemma's engine needs ~4.4 GiB more, and
+two more engines cost minutes), with the same users asking and the same audits.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +40,7 @@ from devnet import network as devnet
 from gentorrent.config import CLOVES, DEVNET, REPUTATION, ROUTING
 
 ROOT = Path(__file__).resolve().parents[1]
+CHEATERS = tuple(k.strip() for k in os.environ.get("GT_DEVNET_CHEATERS", "replay,selective").split(","))
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -149,7 +156,7 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
     root = tmp_path / "devnet"
     # challenges capped at 64 tokens (the demo's 96): every member scores every reply on one shared
     # CPU engine, and the epochs this test waits for are what its run time is made of
-    shape = replace(DEVNET, honest_models=2, dishonest_models=2, dishonest_variant="replay,selective",
+    shape = replace(DEVNET, honest_models=2, dishonest_models=len(CHEATERS), dishonest_variant=",".join(CHEATERS),
                     audit_rate=1.0, users=CLOVES.n + 1, challenge_max_tokens=64)
     notes: list[str] = []
     try:
@@ -159,7 +166,9 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         assert devnet.running(root), "up returned but nothing runs"
         assert len(state.of_role("verifier")) == DEVNET.verifiers
         models = state.of_role("model")
-        assert [m.extra["cheat"] for m in models] == ["", "", "replay", "selective"]
+        assert [m.extra["cheat"] for m in models] == ["", "", *CHEATERS]
+        # users send half their asks to the selective cheater (only audits catch it), else the last one
+        audited = models[2 + CHEATERS.index("selective") if "selective" in CHEATERS else -1]
 
         # the anonymous ask: served by a registered model node, over n paths of l relays
         answer = devnet.ask("Name one primary colour.", root, user=0, max_tokens=16)
@@ -205,21 +214,22 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         table = demo.reputation_table(state)
         assert {r["name"] for r in table} == {m.name for m in models}
         if demo.epochs_running(state):
-            with _UsersAsking(root, models[3]) as asking:  # real traffic for the audits to sample
+            with _UsersAsking(root, audited) as asking:  # real traffic for the audits to sample
                 untrusted_at = demo.run_verification(state, timeout_s=900)
             assert untrusted_at, "a dishonest node was not untrusted"
             # the paper's goal, counted from each cheater's registration (epochs that opened after it)
             assert max(untrusted_at.values()) <= REPUTATION.goal_epochs, untrusted_at
             assert all(r["trusted"] for r in demo.reputation_table(state) if not r["dishonest"])
             # the selective cheater answered real asks itself (garbage), and the users audited them
-            assert asking.served_by.get(models[3].node_id, 0) >= 1, asking.served_by
+            assert asking.served_by.get(audited.node_id, 0) >= 1, asking.served_by
             audits = [devnet.user_status(u)["audits"] for u in state.of_role("user")]
             assert sum(a.get("handed_in", 0) for a in audits) >= 1, audits
-            replays = sum(line.startswith(f"audit of {models[2].node_id[:16]}") and "output replayed" in line
-                          for log in (root / "logs").glob("verifier-*.log")
-                          for line in (entry.partition(" INFO ")[2] for entry in log.read_text().splitlines()))
-            print(f"the replayer served {asking.served_by.get(models[2].node_id, 0)} real asks; the members "
-                  f"zeroed {replays} audits of them as replays")
+            for kind, node in zip(CHEATERS, models[2:]):
+                replays = sum(line.startswith(f"audit of {node.node_id[:16]}") and "output replayed" in line
+                              for log in (root / "logs").glob("verifier-*.log")
+                              for line in (entry.partition(" INFO ")[2] for entry in log.read_text().splitlines()))
+                print(f"the {kind} cheater served {asking.served_by.get(node.node_id, 0)} real asks; the members "
+                      f"zeroed {replays} audits of them as replays")
             # and it leaves the users' routing: the next ask is served by the honest node
             assert demo.ask_after_verdict(state, root, "Say hello.")["served_by"] in {m.node_id for m in models[:2]}
         else:

@@ -18,7 +18,8 @@ committee catches on challenges alone. `make test` leaves two out: Gemma's engin
 takes 4.4 GiB more (~20 GiB in all) and needs up to the full 5 epochs without audits, and the
 noisy model, on this test's 64-token challenges, passed 4 of 6 challenges in one full-suite run
 and was untrusted only after the 6th epoch (after the 2nd and 3rd in two runs alone).
-Replay and selective run in tests/test_devnet.py, whose users ask and hand in audits.
+Replay and selective run in tests/test_devnet.py, whose users ask and hand in audits (and
+noisy and other-model too, by hand: GT_DEVNET_CHEATERS=noisy,other-model).
 
 Single-machine shortcuts, said out loud: the four verifiers run in this test process (each a
 full VerifierNode with its own keys, ports and TLS), and they share ONE reference engine, the

@@ -512,6 +512,13 @@ def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):
     assert summary.phase == rules.ABORTED and summary.faulty_leader and "committed" in summary.reason
 
 
+def _first_missing(prompts):
+    """The leader's replies with the first model node reported missing."""
+    items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
+    items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, missing=True, reason="no reply")
+    return items
+
+
 def test_attack_a_node_that_answers_everyone_but_the_leader_cannot_void_the_epoch(chain):
     """The probing phase is public, and the members probe a node reported missing only after it:
     a node that stalls during the phase and answers at once after it is missing for the leader
@@ -522,12 +529,7 @@ def test_attack_a_node_that_answers_everyone_but_the_leader_cannot_void_the_epoc
     apart)."""
     register_keys(chain)
 
-    def stall_first(prompts):
-        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
-        items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, missing=True, reason="no reply")
-        return items
-
-    leader, epoch, _ = run_to_replies(chain, stall_first)
+    leader, epoch, _ = run_to_replies(chain, _first_missing)
     others = [m for m in MEMBERS if m != leader]
     stalling, cheater = MODELS[0].node_id, MODELS[1].node_id
     report = epoch_txs.probe_report(leader, epoch, stalling, False, chain.next_seq(leader), chain_id=CHAIN)
@@ -549,15 +551,28 @@ def test_attack_a_node_that_answers_everyone_but_the_leader_cannot_void_the_epoc
     assert sum(m.disputes for m in members.values()) == 1
 
 
+def test_a_dispute_settled_while_attesting_stays_named_when_the_epoch_aborts(chain):
+    """The members' probe reports can settle a dispute before the attestations are in; when the
+    epoch then aborts for another reason (here no attestation quorum in time), the abort used to
+    overwrite the reason, and the leader's disputes counter counted a dispute no summary named."""
+    register_keys(chain)
+    leader, epoch, _ = run_to_replies(chain, _first_missing)
+    disputed = MODELS[0].node_id
+    for m in (m for m in MEMBERS if m != leader):
+        chain.block([epoch_txs.probe_report(m, epoch, disputed, True, chain.next_seq(m), chain_id=CHAIN)])
+    assert chain.section.current.phase == rules.ATTESTING and "disputed" in chain.section.current.reason
+    chain.block([], dt_ms=EPOCH_RUN.attest_timeout_ms)
+    summary = chain.section.history[-1]
+    assert summary.epoch == epoch and summary.phase == rules.ABORTED and not summary.faulty_leader
+    assert summary.reason.startswith("no attestation quorum in time"), summary.reason
+    assert f"disputed: the leader reported {disputed.hex()[:16]} missing" in summary.reason, summary.reason
+    assert {m.public_key: m.disputes for m in chain.section.members}[leader.public_key] == 1
+
+
 def test_a_node_that_fails_other_members_probes_is_punished(chain):
     register_keys(chain)
 
-    def missing_first(prompts):
-        items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
-        items[0] = pb.ProbeReply(node_id=MODELS[0].node_id, missing=True, reason="no reply")
-        return items
-
-    leader, epoch, _ = run_to_replies(chain, missing_first)
+    leader, epoch, _ = run_to_replies(chain, _first_missing)
     others = [m for m in MEMBERS if m != leader]
     attest(chain, MEMBERS[:3], epoch, {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)})
     for m in others[:2]:

@@ -26,7 +26,7 @@ from gentorrent.ledger.sections import ModelRecord
 MODEL = "smollm2-135m"
 GOSSIP_INTERVAL_S = 1.0
 KV_BLOCKS = 16  # of 128 tokens
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(900)]
 
 SYSTEM = ("You are the support assistant of the Northwind hardware store. " * 6
           + "Tools: lookup_order(id), refund(order, amount), stock(sku, store), open_ticket(text). "

@@ -75,6 +75,7 @@ __all__ = [
     "dispute_reason",
     "note_dispute",
     "REASONS_LISTED",
+    "abort_reason",
     "PUNISH",
     "REACHED",
     "UNDECIDED",
@@ -310,6 +311,13 @@ def note_dispute(reason: str, node_id: str) -> str:
     return "; ".join(filter(None, (reason, dispute_reason(node_id))))
 
 
+def abort_reason(reason: str, why: str) -> str:
+    """An aborted epoch's reason: why it aborted, then the disputes noted before. A probe report
+    can settle a dispute while the epoch still attests, and the leader's disputes counter has
+    counted it: the reason is the only record of which node it was."""
+    return "; ".join([why, *(part for part in reason.split("; ") if part.startswith("disputed:"))])
+
+
 def all_decided(rec: EpochRecord) -> bool:
     """Every node reported missing is decided, or every member but the leader has reported on it."""
     others = len(rec.committee) - 1
@@ -346,7 +354,7 @@ def close_epoch(rec: EpochRecord) -> EpochRecord:
     if rec.phase in (Phase.DONE, Phase.ABORTED):
         return rec
     if rec.phase == Phase.AWAITING_RESULT:
-        return replace(rec, phase=Phase.ABORTED, reason=f"no accepted result from leader {rec.leader}")
+        return replace(rec, phase=Phase.ABORTED, reason=abort_reason(rec.reason, f"no accepted result from leader {rec.leader}"))
     return replace(rec, phase=Phase.DONE)
 
 

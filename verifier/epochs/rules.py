@@ -61,7 +61,7 @@ from verifier.epochs.audits import agree_audit_scores, fold_credibility
 from verifier.epochs.challenges import (ChallengeEntry, ChallengeError, ChallengePlan, check_plan, epoch_probe_seed,
                                         select_probe_set)
 from verifier.epochs.epoch import (PUNISH, REACHED, REASONS_LISTED, EpochRecord, all_decided, node_decision,
-                                   note_dispute)
+                                   note_dispute, abort_reason)
 
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
 DONE, ABORTED = "done", "aborted"
@@ -247,7 +247,7 @@ def _replies(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochR
 
 def _abort(cur: pb.EpochStateEntry, faulty: bool, reason: str) -> None:
     cur.phase = ABORTED
-    cur.reason = ("faulty leader: " if faulty else "") + reason
+    cur.reason = abort_reason(cur.reason, ("faulty leader: " if faulty else "") + reason)
 
 
 def _attestation(view: StateView, sec: pb.EpochsSection, signer: bytes, m: pb.EpochAttestation) -> None:
