@@ -99,8 +99,9 @@ def model_node(tmp_path_factory) -> ModelNodeProcess:
 # are what a 2-core machine cannot run two of at once without timing out epochs, a second
 # worker would start a second session engine, and test_model_node's restart test must stay
 # after the tests that share the node. Everything else runs on the other worker meanwhile.
-# The tests that wait for verification epochs go last: they are the ones a busy machine can
-# push past their deadlines, and by then the other worker has finished.
+# The tests that wait for verification epochs go last: a busy machine can push their epochs
+# past the deadlines, and there they share the machine with the other worker the least (it
+# finished during the devnet test in the runs measured; README "Development").
 
 ENGINE_GROUP = "engines"
 EPOCH_WAITING_FILES = ("test_epochs_live.py", "test_devnet.py")
@@ -113,7 +114,6 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
     items.sort(key=lambda item: item.get_closest_marker("engine") is not None
                and item.path.name in EPOCH_WAITING_FILES)
-
 
 
 @pytest.fixture(autouse=True)

@@ -571,7 +571,6 @@ def test_a_dispute_settled_while_attesting_stays_named_when_the_epoch_aborts(cha
 
 def test_a_node_that_fails_other_members_probes_is_punished(chain):
     register_keys(chain)
-
     leader, epoch, _ = run_to_replies(chain, _first_missing)
     others = [m for m in MEMBERS if m != leader]
     attest(chain, MEMBERS[:3], epoch, {MODELS[1].node_id: (900_000, 0), MODELS[2].node_id: (900_000, 0)})

@@ -354,7 +354,8 @@ def close_epoch(rec: EpochRecord) -> EpochRecord:
     if rec.phase in (Phase.DONE, Phase.ABORTED):
         return rec
     if rec.phase == Phase.AWAITING_RESULT:
-        return replace(rec, phase=Phase.ABORTED, reason=abort_reason(rec.reason, f"no accepted result from leader {rec.leader}"))
+        why = f"no accepted result from leader {rec.leader}"
+        return replace(rec, phase=Phase.ABORTED, reason=abort_reason(rec.reason, why))
     return replace(rec, phase=Phase.DONE)
 
 
