@@ -61,18 +61,22 @@ UNDECODABLE_REPLY = "undecodable reply from the model node"
 UNREACHABLE = "model node unreachable"
 #: AskError.code of an ask this node could not send: fewer than n usable proxy paths
 NO_PATHS = "no_paths"
+#: AskError.code of an ask no model node answered in time (or whose nodes all failed)
+NO_ANSWER = "no_model_node_answered"
+#: AskError.code of an ask every node tried said it was too busy for
+OVERLOADED = "overloaded"
 
 
 class AskError(RuntimeError):
     """No model node could answer; `attempts` says what happened with each one tried.
 
     `code` says why, for the user's API to answer with the right status: "no_trusted_node",
-    "no_model_node_answered", "overloaded" (every node tried was busy), NO_PATHS (this node
+    NO_ANSWER, OVERLOADED (every node tried was busy), NO_PATHS (this node
     could not send the ask: too few proxy paths), or a client-error code of the model nodes
     (generation.CLIENT_ERROR_CODES: the request itself is wrong)."""
 
     def __init__(self, message: str, attempts: list[dict] | None = None,
-                 code: str = "no_model_node_answered") -> None:
+                 code: str = NO_ANSWER) -> None:
         super().__init__(message)
         self.attempts = attempts or []
         self.code = code
@@ -409,7 +413,7 @@ class Asker:
         raise AskError(
             f"no model node answered for {request.model!r} after {len(attempts)} attempt(s): "
             + "; ".join(f"{a['node'][:16]}: {a.get('reason')} ({a.get('detail')})" for a in attempts), attempts,
-            code="overloaded" if busy else "no_model_node_answered")
+            code=OVERLOADED if busy else NO_ANSWER)
 
     async def _attempt(self, node: ModelRecord, request: pb.GenerateRequest, attempts: list[dict]
                        ) -> AsyncIterator[Delta | Answer]:

@@ -29,9 +29,9 @@ Two pure pieces:
   With N = 3f + 1 and at most f faulty members, faulty members can produce at most f failure
   reports, and f * 3 > 3f never holds, so an honest node is never punished by them; and once the
   honest members' successes are in (at least 2f + 1 of them when the leader is faulty), a
-  leader's lie is always contradicted. The two decisions exclude each other (they would need
-  more than N - 1/3 reports of N - 1), so the outcome does not depend on the order in which
-  reports commit.
+  leader's lie is always contradicted. The two decisions exclude each other (together they
+  would need more than (N - 1)/3 + 2N/3 = N - 1/3 reports, and only N - 1 members report), so
+  the outcome does not depend on the order in which reports commit.
 
   A contradicted report does not prove the leader lied: a node that answers every request but
   those of the probing phase (public on chain) is missing for the leader and reached by the

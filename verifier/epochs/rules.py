@@ -60,8 +60,8 @@ from verifier.epochs import vrf
 from verifier.epochs.audits import agree_audit_scores, fold_credibility
 from verifier.epochs.challenges import (ChallengeEntry, ChallengeError, ChallengePlan, check_plan, epoch_probe_seed,
                                         select_probe_set)
-from verifier.epochs.epoch import (PUNISH, REACHED, REASONS_LISTED, EpochRecord, all_decided, node_decision,
-                                   note_dispute, abort_reason)
+from verifier.epochs.epoch import (PUNISH, REACHED, REASONS_LISTED, EpochRecord, abort_reason, all_decided,
+                                   node_decision, note_dispute)
 
 ELECTING, PLANNING, PROBING, ATTESTING, RESOLVING = "electing", "planning", "probing", "attesting", "resolving"
 DONE, ABORTED = "done", "aborted"
