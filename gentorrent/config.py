@@ -65,7 +65,10 @@ class OverlayParams:
     # the anonymity budget (sizes and timing a relay may learn, THREAT_MODEL.md):
     query_size_min: int = 2048  # sealed queries are padded to max(this, the next power of two)
     reply_size_min: int = 512  # reply messages likewise
-    reply_cadence_s: float = 0.05  # a streamed reply leaves as one message per tick, not per token
+    # the streaming granularity: after the first reply message (at once), what the engine made
+    # leaves at the next point of a grid of this step, never as an empty message; the final one
+    # at once (gentorrent/overlay/reply_pacing.py). A token waits at most this long.
+    reply_window_s: float = 0.25
     # model-node intake
     max_pending_groups: int = 1024  # cloves of undecoded messages held (intake and user)
     reassembly_timeout_s: float = 120.0  # an undecoded group is forgotten after this

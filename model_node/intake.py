@@ -12,11 +12,13 @@ more than n reply routes, or seen before (replayed cloves), is refused. It is th
 `generate` (the node's engine or its forwarding logic, exactly what a direct Generate call
 would run).
 
-Replies leave on a cadence (the anonymity budget of THREAT_MODEL.md): the first chunk at once,
-then one reply message per `reply_cadence_s` tick -- the chunks generated since the last tick
-merged, an empty message if there were none -- and the final chunk as soon as generation ends.
-A relay thus sees when the answer started and ended, not when each token came, nor how many
-there were (messages are padded to size classes). Every message lists the delivery tokens of
+Replies leave by content, not by clock (gentorrent/overlay/reply_pacing.py, the anonymity
+budget of THREAT_MODEL.md): the first chunk at once, later chunks at the next point of a grid of
+`reply_window_s` (what came since the last message merged, never an empty message), the final
+chunk as soon as generation ends. A relay thus sees when the answer started and ended and which
+windows held tokens, not when each token came, nor how many there were (messages are padded
+to size classes). `_release` is the one place a reply message leaves. Every message lists
+the delivery tokens of
 the query cloves received so far; a clove arriving after the last message is reported in a
 one-clove delivery report, for up to `delivery_grace_s`. Each message is sealed with the reply
 key (fresh random nonces), split into one clove per route and queued on the link to that
@@ -40,29 +42,13 @@ from gentorrent.overlay import sealing
 from gentorrent.overlay.links import Link, LinkHub
 from gentorrent.overlay.pathtable import Drop, DropCounter, DropReason
 from gentorrent.overlay.reassembly import Ask, AskBook, CloveGroups
+from gentorrent.overlay.reply_pacing import ReplyPacer
 from gentorrent.wire import gentorrent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 #: what serves a decoded query: the same code path as a direct Generate call
 GenerateFn = Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]]
-
-
-def merge_chunks(chunks: list[pb.GenerateChunk]) -> pb.GenerateChunk:
-    """The chunks generated since the last reply message, as one chunk (text and tokens in
-    order; the end, its receipt and any error from the last)."""
-    merged = pb.GenerateChunk()
-    for chunk in chunks:
-        merged.text += chunk.text
-        merged.token_ids.extend(chunk.token_ids)
-        merged.logprobs.extend(chunk.logprobs)
-        for name in ("served_by", "finish_reason", "error"):
-            if getattr(chunk, name):
-                setattr(merged, name, getattr(chunk, name))
-        if chunk.HasField("receipt"):
-            merged.receipt.CopyFrom(chunk.receipt)
-        merged.final = merged.final or chunk.final or bool(chunk.error)
-    return merged
 
 
 class CloveIntake:
@@ -215,7 +201,9 @@ class CloveIntake:
         self.reply_cloves += 1
         link.send(False, [pb.Clove(link_id=route.link_id, payload=blob)])
 
-    def _reply(self, ask: Ask, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> None:
+    def _release(self, ask: Ask, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> None:
+        """The one place a reply message leaves: sealed, split, one clove queued per route.
+        (When it leaves is the ReplyPacer's decision; anything that times replies goes here.)"""
         reply = pb.OverlayReply(seq=seq, chunk=chunk, delivered=ask.tokens)
         for route, blob in zip(query.routes, ask.sealer.cloves(reply, query.k)):
             self._send(route, blob)
@@ -234,49 +222,45 @@ class CloveIntake:
     async def _say(self, ask: Ask, query: pb.OverlayQuery, error: str) -> None:
         await self._known(query)
         self._prepare(ask, query)
-        self._reply(ask, query, 0, pb.GenerateChunk(final=True, error=error))
+        self._release(ask, query, 0, pb.GenerateChunk(final=True, error=error))
 
     async def _serve(self, ask: Ask, query: pb.OverlayQuery) -> None:
         self._active += 1
         await self._known(query)
         self._prepare(ask, query)
-        pending: list[pb.GenerateChunk] = []
-        arrived, done = asyncio.Event(), asyncio.Event()
-        pump = self._spawn(self._pump(query.request, pending, arrived, done))
+        pacer = ReplyPacer(self.params.reply_window_s)
+        arrived = asyncio.Event()
+        pump = self._spawn(self._pump(query.request, pacer, arrived))
         try:
-            await arrived.wait()  # the first chunk leaves at once (its time is the prompt's, not a token's)
-            seq = 0
-            while True:
-                chunk = merge_chunks(pending)
-                pending.clear()
-                if done.is_set() and not chunk.final:  # generation ended without a final chunk
-                    chunk.final, chunk.error = True, chunk.error or "generation ended without a final chunk"
-                self._reply(ask, query, seq, chunk)
-                seq += 1
-                if chunk.final:
-                    break
-                try:  # the next tick, or the end of generation, whichever comes first
-                    await asyncio.wait_for(done.wait(), self.params.reply_cadence_s)
-                except asyncio.TimeoutError:
-                    pass
+            while not pacer.finished:
+                due = pacer.due_at()
+                if due is None or due > self.clock():
+                    arrived.clear()  # a chunk may make a message due sooner (the final one: at once)
+                    wait = None if due is None else due - self.clock()
+                    try:
+                        await asyncio.wait_for(arrived.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                chunk = pacer.take(self.clock())
+                if chunk is not None:
+                    self._release(ask, query, pacer.sent - 1, chunk)
             self.served += 1
         finally:
             self._active -= 1
             pump.cancel()
 
-    async def _pump(self, request: pb.GenerateRequest, pending: list, arrived: asyncio.Event,
-                    done: asyncio.Event) -> None:
+    async def _pump(self, request: pb.GenerateRequest, pacer: ReplyPacer, arrived: asyncio.Event) -> None:
         try:
             async for chunk in self.generate(request):
-                pending.append(chunk)
+                pacer.add(chunk, self.clock())
                 arrived.set()
                 if chunk.final:
                     break
         except Exception as exc:  # the engine failed: tell the user rather than go silent
             log.warning("serving an overlay query failed: %s", exc)
-            pending.append(pb.GenerateChunk(final=True, error=generation.reply_error(exc)))
+            pacer.end(generation.reply_error(exc), self.clock())
         finally:
-            done.set()
+            pacer.end("generation ended without a final chunk", self.clock())
             arrived.set()
 
     # ------------------------------------------------------------------ directory

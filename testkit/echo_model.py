@@ -147,7 +147,7 @@ MISBEHAVIOURS = ("garbage", "bad-signature")
 class GarbageReplyIntake(CloveIntake):
     """Seals and tags every reply clove correctly, around a reply message of random bytes."""
 
-    def _reply(self, ask, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> None:
+    def _release(self, ask, query: pb.OverlayQuery, seq: int, chunk: pb.GenerateChunk) -> None:
         honest = ask.sealer.message(pb.OverlayReply(seq=seq, chunk=chunk, delivered=ask.tokens))
         garbage = os.urandom(len(honest))  # the size an honest reply would have on the wire
         for index, (route, clove) in enumerate(zip(query.routes, sida.split(garbage, len(query.routes), query.k))):

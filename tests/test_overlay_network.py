@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 CLOVES = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
 # short enough that a lost answer fails within seconds, long enough for a machine under load
 FAST = OverlayParams(first_reply_timeout_s=8.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
-                     establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12)
+                     establish_timeout_s=5.0, maintenance_interval_s=1.0, build_attempts=12, reply_window_s=0.05)
 PROMPT = "Tell me the secret recipe of grandmother's plum cake, step by step, please."
 
 
@@ -85,17 +85,34 @@ async def test_ask_through_four_paths_of_three_hops_returns_the_answer(net):
     assert answer.served_by == model.keys.identity.node_id_hex
     assert len(answer.paths) == 4 and all(len(p) == 3 for p in answer.paths)
     assert me.address not in {r for p in answer.paths for r in p}
-    # streamed: the same text, in order, in several chunks (slower than the reply cadence)
-    model.chunks, model.chunk_delay_s = 5, 3 * FAST.reply_cadence_s
+    # streamed: the same text, in order, in several chunks (slower than the reply window)
+    model.chunks, model.chunk_delay_s = 5, 3 * FAST.reply_window_s
     items = [item async for item in me.ask_stream(PROMPT)]
     assert "".join(i.text for i in items[:-1]) == ECHO_PREFIX + PROMPT and len(items) == 6
     assert items[-1].text == ECHO_PREFIX + PROMPT
-    # a fast stream of 41 chunks of 2 characters leaves on the cadence, several chunks per reply
-    # message (relays cannot count tokens), and is put back together in order
-    model.chunks, model.chunk_delay_s = 60, FAST.reply_cadence_s / 5
+    # a fast stream of 41 chunks of 2 characters leaves on the window's grid, several chunks per
+    # reply message (relays cannot count tokens), and is put back together in order
+    model.chunks, model.chunk_delay_s = 60, FAST.reply_window_s / 5
     items = [item async for item in me.ask_stream(PROMPT)]
     assert items[-1].text == ECHO_PREFIX + PROMPT and "".join(i.text for i in items[:-1]) == items[-1].text
     assert 2 <= len(items) - 1 < 41
+
+
+async def test_reply_messages_go_by_content_never_an_empty_one(net):
+    """An answer of 5 chunks with pauses of 3 windows between them: 5 reply messages (n cloves
+    each), every one carrying tokens. The old clock (a message per 50 ms tick, empty or not)
+    sent 13 here (a loaded machine stretches its ticks), 8 of them empty, each costing the
+    whole path as much as a full one."""
+    me, nodes, model, _ = net
+    model.chunks, model.chunk_delay_s = 5, 3 * FAST.reply_window_s
+    await me.ask(PROMPT)  # links up
+    await asyncio.sleep(0.5)
+    cloves, messages = model.intake.reply_cloves, me.asker.chunks_in
+    items = [item async for item in me.ask_stream(PROMPT)]
+    deltas = [i for i in items[:-1] if i.text]
+    assert len(deltas) == 5 and "".join(d.text for d in deltas) == ECHO_PREFIX + PROMPT
+    assert model.intake.reply_cloves - cloves == 4 * 5  # the model node sent 5 messages, n = 4 cloves each
+    assert me.asker.chunks_in - messages == 5  # and the user rebuilt 5, each with text (the deltas)
 
 
 async def test_relays_never_see_plaintext_and_cloves_share_no_9_bytes(net):

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
 
 CLOVES = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
 FAST = OverlayParams(first_reply_timeout_s=10.0, reply_idle_timeout_s=15.0, forward_timeout_s=5.0,
-                     establish_timeout_s=5.0, maintenance_interval_s=1.0)
+                     establish_timeout_s=5.0, maintenance_interval_s=1.0, reply_window_s=0.05)
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -101,8 +101,8 @@ async def net(tmp_path):
 
 @pytest.fixture
 async def api(net):
-    # 4 chunks, slower than the reply cadence: each leaves the model node as its own reply message
-    await net.add_model("model", chunks=4, context_bytes=4096, chunk_delay_s=3 * FAST.reply_cadence_s)
+    # 4 chunks, slower than the reply window: each leaves the model node as its own reply message
+    await net.add_model("model", chunks=4, context_bytes=4096, chunk_delay_s=3 * FAST.reply_window_s)
     return await net.start()
 
 
