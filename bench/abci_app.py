@@ -4,6 +4,9 @@ prints ONE JSON line.
 Registers `users` user nodes in blocks of `block_txs` transactions, then measures: CheckTx
 per transaction, FinalizeBlock + Commit of a full block and of an empty block (p50 / p99, ms,
 with the registry at its final size), and the /directory query (size, time).
+
+    .venv/bin/python bench/abci_app.py [USERS]      # default 1000
+    .venv/bin/python bench/abci_app.py --tiny       # 50 users: what make test runs
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from gentorrent.ledger import txs
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo
 
-USERS = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+USERS = 50 if sys.argv[1:] == ["--tiny"] else int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 BLOCK_TXS = 100
 
 

@@ -32,6 +32,7 @@ the shape comparison measures structure, not the client mix: that mix is an assu
 (gentorrent/config.py TrafficParams) a node with real logs could check against its own traffic.
 
     .venv/bin/python bench/challenge_realism.py [--n 600] [--folds 5] [--png results/challenge_realism.png]
+    .venv/bin/python bench/challenge_realism.py --tiny    # seconds, figures meaningless: what make test runs
 
 Prints one JSON line.
 """
@@ -159,12 +160,14 @@ def evaluate(positives: list[ChatRequest], negatives: list[ChatRequest], folds: 
     return out
 
 
-def memorisation(positives: list[ChatRequest], negatives: list[ChatRequest], pool: TrafficPool) -> dict:
-    """How well a lookup in the public corpus (the challenge pool's user messages) finds challenges."""
+def memorisation(positives: list[ChatRequest], negatives: list[ChatRequest], pool: TrafficPool,
+                 limit: int | None = None) -> dict:
+    """How well a lookup in the public corpus (the challenge pool's user messages; the first
+    `limit` of them in a tiny run) finds challenges."""
     from sklearn.feature_extraction.text import HashingVectorizer
     from sklearn.metrics import roc_auc_score, roc_curve
 
-    corpus = pool.user_messages()
+    corpus = pool.user_messages()[:limit]
     vec = HashingVectorizer(analyzer="char_wb", ngram_range=(5, 5), n_features=2 ** 20, alternate_sign=False,
                             norm="l2")
     index = vec.transform([t[:TEXT_CHARS] for t in corpus]).T.tocsr()
@@ -203,7 +206,11 @@ def main() -> dict:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--png", type=Path, default=ROOT / "results" / "challenge_realism.png")
+    ap.add_argument("--tiny", action="store_true", help="40 requests, 2 folds, a lookup in 2,000 messages, no PNG")
     args = ap.parse_args()
+    limit = None
+    if args.tiny:
+        args.n, args.folds, limit, args.png = 40, 2, 2000, None
     started = time.monotonic()
     corpus = load_corpus()
     challenge_pool = TrafficPool.build(corpus.challenge)
@@ -219,13 +226,14 @@ def main() -> dict:
         result[name] = r
         _progress(f"{name}: {r['auc_all']} (text {r['auc_text']}, shape {r['auc_shape']})")
     for name in ("challenge", "verbatim", "donated"):
-        m = memorisation(sets[name], sets["real"], challenge_pool)
+        m = memorisation(sets[name], sets["real"], challenge_pool, limit)
         curves[f"corpus lookup, {name} (AUC {m['auc']})"] = m.pop("_roc")
         result[f"memorised_corpus_{name}"] = m
     result["auc"] = result["challenge"]["auc_all"]
     result["goal_auc_max"] = 0.6
-    plot(curves, args.png)
-    result["png"] = str(args.png.relative_to(ROOT)) if args.png.is_relative_to(ROOT) else str(args.png)
+    if args.png is not None:
+        plot(curves, args.png)
+        result["png"] = str(args.png.relative_to(ROOT)) if args.png.is_relative_to(ROOT) else str(args.png)
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
 

@@ -16,6 +16,7 @@ submit -> last commit) and commit latency per transaction (submit -> timestamp o
 block, which the next proposer stamps right after the commit) p50 / p99.
 
     .venv/bin/python bench/consensus.py [--idle-s 10] [--txs 600] [--inflight 16] [--only shipped|fast] [--png F]
+    .venv/bin/python bench/consensus.py --tiny    # seconds: what make test runs
 """
 
 from __future__ import annotations
@@ -81,13 +82,14 @@ async def blocks(stub, start: int, end: int) -> list[Block]:
     return out
 
 
-def registrations(n: int) -> list[bytes]:
+def registrations(n: int, chain_id: str) -> list[bytes]:
+    """n user registrations of distinct identities, signed for the committee of `chain_id`."""
     out = []
     for k in range(n):
         ident = Identity.generate()
         cert = make_self_signed(ident).cert_pem
         out.append(txlib.register_user(ident, f"127.0.0.1:{20000 + k}", OnionKey.generate().public_key,
-                                       cert, "bench", 1))
+                                       cert, "bench", 1, chain_id=chain_id))
     return out
 
 
@@ -109,7 +111,7 @@ async def run(args, config: str) -> dict:
                                "--home", str(h)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for h in homes]
     try:
-        txs = registrations(args.txs)
+        txs = registrations(args.txs, genesis.chain_id)
         conns = await stubs(genesis)
         stub0 = conns[0][1]
         await wait_height(stub0, 5, timeout=120)
@@ -225,7 +227,10 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=16)
     ap.add_argument("--only", choices=list(CONFIGS), help="run one configuration (default: both)")
     ap.add_argument("--png", help="also write CDFs of block interval and tx latency to this PNG")
+    ap.add_argument("--tiny", action="store_true", help="seconds: the fast configuration, 1 s idle, 20 txs")
     args = ap.parse_args()
+    if args.tiny:
+        args.idle_s, args.txs, args.inflight, args.only = 1.0, 20, 8, "fast"
     print(json.dumps(asyncio.run(run_all(args))))
 
 

@@ -6,6 +6,7 @@ dashboard records history without page views; then headless Chromium screenshots
 into results/dashboard.png (or the path given).
 
     .venv/bin/python bench/dashboard.py [EPOCHS] [PNG]
+    .venv/bin/python bench/dashboard.py --tiny     # 1 epoch, the PNG in a temporary folder
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ async def main(epochs: int, png: Path) -> dict:
 
 
 if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "results" / "dashboard.png"
+    if sys.argv[1:] == ["--tiny"]:
+        n, out = 1, Path(tempfile.mkdtemp(prefix="gt-dashboard-png-")) / "dashboard.png"
+    else:
+        n = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+        out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "results" / "dashboard.png"
     print(json.dumps(asyncio.run(main(n, out))), flush=True)

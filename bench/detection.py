@@ -5,6 +5,7 @@
     .venv/bin/python bench/detection.py --no-record     # re-analyse the cache (seconds); without
                                                         # one, the committed per-reply credibilities
     .venv/bin/python bench/detection.py --quick         # smoke run
+    .venv/bin/python bench/detection.py --tiny          # seconds, no figure: what make test runs
 
 Two stages, said out loud:
 
@@ -578,7 +579,9 @@ def plot(example: dict[str, list[float]], dists: dict[str, list[int | None]], by
 
 
 def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: int,
-            rates: tuple[float, ...] = AUDIT_RATES, asks_per_epoch: int = ASKS_PER_EPOCH) -> dict:
+            rates: tuple[float, ...] = AUDIT_RATES, asks_per_epoch: int = ASKS_PER_EPOCH,
+            figure: bool = True) -> dict:
+    """`figure`: write results/detection.png (a tiny run leaves the committed figure alone)."""
     from gentorrent.config import REPUTATION
     from verifier.epochs.scoring import calibrate_threshold
 
@@ -600,7 +603,8 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
     by_rate = resample(scored, epochs, runs, seed, rates, asks_per_epoch, flagged)
     dists, audited = by_rate[0.0], by_rate[AUDITS.rate]
     example = {label: run_epochs(rows, epochs, random.Random(seed)) for label, rows in scored.items()}
-    plot(example, dists, by_rate, below, epochs)
+    if figure:
+        plot(example, dists, by_rate, below, epochs)
     cheaters = {k: distribution(v, epochs) for k, v in dists.items() if k != "honest"}
     with_audits = {k: distribution(v, epochs) for k, v in audited.items() if k != "honest"}
     lo, hi = wilson(fp, len(honest))
@@ -684,6 +688,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--per-cheater", type=int, default=30, help="replies recorded per cheater kind")
     p.add_argument("--kinds", default=",".join(CHEATERS))
     p.add_argument("--quick", action="store_true", help="smoke run: 12 honest, 4 per cheater, 50 runs")
+    p.add_argument("--tiny", action="store_true",
+                   help="seconds, what make test runs: --no-record, 20 runs, no figure written")
     p.add_argument("--no-record", action="store_true", help="analyse the cache only")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--epochs", type=int, default=EPOCHS_RUN)
@@ -696,6 +702,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.quick:
         args.honest, args.per_cheater, args.runs = 12, 4, 50
+    if args.tiny:
+        args.no_record, args.runs = True, 20
     kinds = [k for k in args.kinds.split(",") if k]
     if not args.no_record:
         asyncio.run(record(args.honest, args.per_cheater, kinds, args.concurrency))
@@ -703,7 +711,8 @@ def main(argv: list[str] | None = None) -> dict:
     specs = request_specs(len(json.loads(qfile.read_text())), max(args.honest, args.per_cheater), 18) \
         if qfile.exists() else []  # (no recordings: analyse() resamples the committed credibilities)
     rates = tuple(float(r) for r in args.audit_rates.split(",") if r)
-    return analyse(specs, kinds, args.epochs, args.runs, args.seed, rates, args.asks_per_epoch)
+    return analyse(specs, kinds, args.epochs, args.runs, args.seed, rates, args.asks_per_epoch,
+                   figure=not args.tiny)
 
 
 if __name__ == "__main__":

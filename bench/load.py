@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load.py                       # 8 users, 30 s, 8 relay processes
     .venv/bin/python bench/load.py --users 4 --seconds 10 --relays 6
+    .venv/bin/python bench/load.py --tiny                # seconds: what make test runs
 
 Phase 1 (sustained): relays are real `gt-user start` processes and the model node a real
 `python -m testkit.echo_model` process (the echo engine: this measures the
@@ -195,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold-s", type=float, default=2.0)
     ap.add_argument("--burst", type=int, default=8)
     ap.add_argument("--skip-overload", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="seconds, what make test runs: 2 users, 2 s, 4 relays")
     args = ap.parse_args(argv)
+    if args.tiny:
+        args.users, args.askers, args.seconds, args.relays = 2, 1, 2.0, 4
+        args.admit, args.hold_s, args.burst = 1, 0.5, 3
     with tempfile.TemporaryDirectory(prefix="gt-load-") as tmp:
         tmp = Path(tmp)
         print(f"[load] sustained: {args.users} users for {args.seconds:.0f} s through {args.relays} relay processes",

@@ -8,6 +8,8 @@ sealing, S-IDA, 4 hops each way per clove, reassembly, receipt check. Each pair 
 measurements (overlay, direct) uses the same prompt; their order alternates.
 
     .venv/bin/python bench/overlay.py [--asks 200] [--png bench/overlay_cdf.png]
+    .venv/bin/python bench/overlay.py --stream [--answers 3]     # streamed answers (below)
+    .venv/bin/python bench/overlay.py --tiny                     # seconds: what make test runs
 
 Prints one JSON line: p50/p99 of overlay, direct and overlay - direct, in ms (goal: <= 12 ms
 added at p50, ARCHITECTURE.md §7), and the CPU one ask costs per role (`cpu_ms_per_ask`: the
@@ -15,6 +17,16 @@ asker, the 12 relays together, the model node; goal: <= 20 ms summed), measured 
 phase of `--cpu-asks` overlay asks back to back, from /proc (every thread of every process).
 On 2 cores the overlay is CPU-bound, so CPU per ask is the figure that moves least with the
 load other programs put on the machine; latency is reported next to it.
+
+`--stream`: the echo engine streams a `--stream-tokens` (500) answer over `--stream-s` (10 s),
+one token at a time on a fixed schedule, as a real engine does. Reported under "stream": the
+overlay CPU one answer costs over all 14 processes (net of what they burn idle over as long;
+goal <= 300 ms), the reply messages it took, the CPU per reply message ((answer - one-chunk
+ask) / (messages - 1)) beside the floor: the same number of messages of the same size and
+spacing carried by a bare chain of gRPC stream hops with TLS (testkit/bare_chain.py: 4 paths
+of 3 hop processes that pass frames on, nothing else), measured in the same run (goal <= 1.5x);
+time to first token added by the overlay (p50 goal <= 12 ms) and how long any token waited
+beyond its schedule (goal: the reply window plus the path's own latency).
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -33,14 +46,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gentorrent.config import CloveParams  # noqa: E402
+from gentorrent.config import OVERLAY, CloveParams  # noqa: E402
 from gentorrent.crypto import tls  # noqa: E402
+from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
 from gentorrent.ledger.directory import StaticDirectory  # noqa: E402
 from gentorrent.generation import make_request  # noqa: E402
+from testkit import bare_chain  # noqa: E402
+from user_client.asking import Answer  # noqa: E402
 from user_client.node import UserNode  # noqa: E402
 
 RELAYS = 12
+PATHS, HOPS = 4, 3
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -62,13 +79,38 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
                             stderr=open(log, "wb"), start_new_session=True)
 
 
-async def run(asks: int, png: str | None, raw: str | None = None, cpu_asks: int = 100) -> dict:
+class CpuMeter:
+    """CPU seconds of this process and of a set of child processes, by role."""
+
+    def __init__(self, roles: dict[str, list[int]]) -> None:
+        self.roles = roles  # role -> pids; "self" is this process
+
+    def sample(self) -> dict[str, float]:
+        return {role: sum(time.process_time() if p == 0 else _cpu_s(p) for p in pids)
+                for role, pids in self.roles.items()}
+
+    @staticmethod
+    def delta_ms(after: dict[str, float], before: dict[str, float], per: float) -> dict[str, float]:
+        out = {role: round((after[role] - before[role]) * 1000 / per, 2) for role in after}
+        out["total"] = round(sum(out.values()), 2)
+        return out
+
+    async def idle_ms_per_s(self, seconds: float) -> float:
+        """What these processes burn doing nothing (timers, gRPC's threads), ms of CPU per second."""
+        before = self.sample()
+        await asyncio.sleep(seconds)
+        return self.delta_ms(self.sample(), before, seconds)["total"]
+
+
+async def run(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gt-bench-overlay-"))
     directory_path = work / "directory.json"
-    procs = []
+    procs: list[subprocess.Popen] = []
     try:
-        model = _spawn(["-m", "testkit.echo_model", "--home", str(work / "model"),
-                        "--directory", str(directory_path)], work / "model.log")
+        echo = ["-m", "testkit.echo_model", "--home", str(work / "model"), "--directory", str(directory_path)]
+        if args.stream:
+            echo += ["--stream-tokens", str(args.stream_tokens), "--stream-s", str(args.stream_s)]
+        model = _spawn(echo, work / "model.log")
         procs.append(model)
         model_info = json.loads(model.stdout.readline())
         for i in range(RELAYS):
@@ -76,14 +118,15 @@ async def run(asks: int, png: str | None, raw: str | None = None, cpu_asks: int 
                                  "--directory", str(directory_path)], work / f"relay{i}.log"))
         for p in procs[1:]:
             json.loads(p.stdout.readline())
-        cloves = CloveParams(n=4, k=3, path_length=3, proxies_kept=4)
+        cloves = CloveParams(n=PATHS, k=3, path_length=HOPS, proxies_kept=4)
         me = UserNode(work / "asker", StaticDirectory(directory_path), cloves=cloves)
         await me.start(build_paths=False)
         await asyncio.sleep(6)  # relays learn of the asker at their next directory refresh
-        assert await me.paths.fill() >= 4, "could not build 4 paths"
+        assert await me.paths.fill() >= PATHS, "could not build 4 paths"
         cert = Path(work / "model" / tls.CERT_FILE).read_bytes()
         channel = await tls.connect(model_info["address"], cert)
         stub = rpc.ModelNodeStub(channel)
+        meter = CpuMeter({"asker": [0], "relays": [p.pid for p in procs[1:]], "model_node": [model.pid]})
 
         stages: dict[str, list[float]] = {}
 
@@ -101,11 +144,14 @@ async def run(asks: int, png: str | None, raw: str | None = None, cpu_asks: int 
             assert chunks[-1].final
             return (time.perf_counter() - t) * 1000
 
-        for i in range(10):  # warm channels, TLS sessions, caches
+        for i in range(args.warm):  # warm channels, TLS sessions, caches
             await overlay(f"warm-up {i}")
             await direct(f"warm-up {i}")
+        result: dict = {"bench": "overlay", "paths": PATHS, "hops": HOPS, "n": 4, "k": 3,
+                        "model": "echo stand-in (separate process)", "relays": f"{RELAYS} processes",
+                        "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
         over, dire, diff = [], [], []
-        for i in range(asks):
+        for i in range(args.asks):
             prompt = f"Question {i}: how far is the moon from the earth, roughly, in kilometres?"
             if i % 2:
                 o = await overlay(prompt)
@@ -116,28 +162,31 @@ async def run(asks: int, png: str | None, raw: str | None = None, cpu_asks: int 
             over.append(o)
             dire.append(d)
             diff.append(o - d)
-        cpu = await _cpu_phase(overlay, cpu_asks, model.pid, [p.pid for p in procs[1:]])
+        if over:
+            result.update({
+                "asks": args.asks,
+                "overlay_ms": {"p50": round(_pct(over, .5), 2), "p99": round(_pct(over, .99), 2)},
+                "direct_ms": {"p50": round(_pct(dire, .5), 2), "p99": round(_pct(dire, .99), 2)},
+                "added_ms": {"p50": round(_pct(diff, .5), 2), "p99": round(_pct(diff, .99), 2),
+                             "mean": round(statistics.fmean(diff), 2)},
+                "goal_added_p50_ms": 12.0,
+            })
+        cpu = await _cpu_phase(overlay, args.cpu_asks, meter)
+        idle_ms_per_s = await meter.idle_ms_per_s(args.idle_s)
+        result.update({"cpu_ms_per_ask": cpu, "goal_cpu_ms_per_ask": 20.0,
+                       "idle_ms_of_cpu_per_s": round(idle_ms_per_s, 2)})
+        if args.stream:
+            result["stream"] = await _stream_phase(args, me, stub, meter, cpu["total"], idle_ms_per_s, work)
         await channel.close()
         status = me.status()
         await me.stop()
-        result = {
-            "bench": "overlay", "asks": asks, "paths": 4, "hops": 3, "n": 4, "k": 3,
-            "model": "echo stand-in (separate process)", "relays": f"{RELAYS} processes",
-            "cpus": os.cpu_count(),
-            "overlay_ms": {"p50": round(_pct(over, .5), 2), "p99": round(_pct(over, .99), 2)},
-            "direct_ms": {"p50": round(_pct(dire, .5), 2), "p99": round(_pct(dire, .99), 2)},
-            "added_ms": {"p50": round(_pct(diff, .5), 2), "p99": round(_pct(diff, .99), 2),
-                         "mean": round(statistics.fmean(diff), 2)},
-            "goal_added_p50_ms": 12.0,
-            "cpu_ms_per_ask": cpu, "goal_cpu_ms_per_ask": 20.0,
-            "stages_p50_ms": {k[:-3]: round(_pct(v[10:], .5), 2) for k, v in stages.items()},
-            "asker_drops": status["asking"]["drops"],
-        }
-        if png:
-            _plot(over, dire, png)
-            result["png"] = png
-        if raw:
-            Path(raw).write_text(json.dumps({"overlay_ms": over, "direct_ms": dire}))
+        result["stages_p50_ms"] = {k[:-3]: round(_pct(v[args.warm:] or v, .5), 2) for k, v in stages.items()}
+        result["asker_drops"] = status["asking"]["drops"]
+        if args.png and over:
+            _plot(over, dire, args.png)
+            result["png"] = args.png
+        if args.raw:
+            Path(args.raw).write_text(json.dumps({"overlay_ms": over, "direct_ms": dire}))
         return result
     finally:
         for p in procs:
@@ -149,26 +198,176 @@ async def run(asks: int, png: str | None, raw: str | None = None, cpu_asks: int 
                 p.kill()
 
 
-async def _cpu_phase(overlay, asks: int, model_pid: int, relay_pids: list[int]) -> dict:
+async def _cpu_phase(overlay, asks: int, meter: CpuMeter) -> dict:
     """CPU milliseconds per overlay ask, per role, over `asks` asks back to back."""
-    def sample() -> tuple[float, float, float]:
-        return time.process_time(), sum(_cpu_s(p) for p in relay_pids), _cpu_s(model_pid)
-
     await asyncio.sleep(0.5)  # let the latency phase's last reply cloves settle
-    before, t0 = sample(), time.perf_counter()
+    before, t0 = meter.sample(), time.perf_counter()
     for i in range(asks):
         await overlay(f"CPU question {i}: how far is the moon from the earth, roughly, in kilometres?")
     await asyncio.sleep(0.3)  # late reply cloves (k of n answer) still cost the relays CPU
-    after, busy_s = sample(), time.perf_counter() - t0
+    after, busy_s = meter.sample(), time.perf_counter() - t0
     # what the 14 processes burn doing nothing (timers, gRPC's threads) over as long: included
     # in the figures above, reported so that it can be told apart
-    idle_before = sample()
+    idle_before = meter.sample()
     await asyncio.sleep(busy_s)
-    idle_after = sample()
-    asker, relays, model = ((a - b) * 1000 / asks for a, b in zip(after, before))
-    idle = sum(a - b for a, b in zip(idle_after, idle_before)) * 1000 / asks
-    return {"asker": round(asker, 2), "relays": round(relays, 2), "model_node": round(model, 2),
-            "total": round(asker + relays + model, 2), "asks": asks, "idle_equivalent": round(idle, 2)}
+    idle = CpuMeter.delta_ms(meter.sample(), idle_before, asks)["total"]
+    out = CpuMeter.delta_ms(after, before, asks)
+    out.update(asks=asks, idle_equivalent=idle)
+    return out
+
+
+# --------------------------------------------------------------------------- streamed answers
+
+
+async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: float, idle_ms_per_s: float,
+                        work: Path) -> dict:
+    """Streamed answers through the overlay, then the same reply messages over a bare chain."""
+    sizes: list[int] = []
+    own_links = set()
+
+    def tap(event: str, link_id: bytes, payload: bytes) -> None:  # what reaches the asker: reply cloves
+        if event == "return_in" and link_id in own_links:
+            sizes.append(len(payload))
+
+    own_links.update(p.first_link for p in me.paths.pool.paths.values())
+    me.relay.tap = tap
+    interval = args.stream_s / max(1, args.stream_tokens - 1)
+    prompt = "Stream me a long answer about the moon, token by token, please."
+    ttft_over, ttft_direct, waits, messages = [], [], [], []
+    cpu_ms, wall = [], []
+    for i in range(args.answers):
+        # direct first token (the same engine schedule, no overlay)
+        t = time.perf_counter()
+        call = stub.Generate(make_request(prompt, max_tokens=args.stream_tokens), timeout=args.stream_s + 30)
+        async for _ in call:
+            ttft_direct.append((time.perf_counter() - t) * 1000)
+            break
+        call.cancel()
+        await asyncio.sleep(0.3)
+        chunks_before = me.asker.chunks_in
+        before, t0 = meter.sample(), time.perf_counter()
+        first_at, arrivals, tokens = None, [], 0
+        async for item in me.ask_stream(prompt, max_tokens=args.stream_tokens):
+            now = time.perf_counter()
+            if isinstance(item, Answer):
+                assert len(item.token_ids) == args.stream_tokens, len(item.token_ids)
+                continue
+            if first_at is None:
+                first_at = now
+                ttft_over.append((now - t0) * 1000)
+            for _ in item.token_ids:  # token j was made at (first token) + j * interval
+                waits.append((now - first_at - tokens * interval) * 1000)
+                tokens += 1
+            arrivals.append(now)
+        await asyncio.sleep(0.3)  # the last reply cloves (the n-th of each message) come home
+        after, seconds = meter.sample(), time.perf_counter() - t0
+        messages.append(me.asker.chunks_in - chunks_before)
+        cpu_ms.append(CpuMeter.delta_ms(after, before, 1))
+        wall.append(seconds)
+    me.relay.tap = None
+    idle_ms = idle_ms_per_s * statistics.fmean(wall)
+    net = [c["total"] - idle_ms for c in cpu_ms]
+    msgs = statistics.fmean(messages)
+    per_message = (statistics.fmean(net) - ask_cpu_ms) / max(1.0, msgs - 1)
+    clove_bytes = int(statistics.median(sizes)) if sizes else 400
+    floor = await _bare_chain(work, round(msgs), clove_bytes, OVERLAY.reply_window_s)
+    added = [o - d for o, d in zip(ttft_over, ttft_direct)]
+    window_ms = OVERLAY.reply_window_s * 1000
+    return {
+        "answers": args.answers, "tokens": args.stream_tokens, "seconds": args.stream_s,
+        "reply_window_ms": window_ms,
+        "reply_messages_per_answer": round(msgs, 1),
+        "cpu_ms_per_answer": {role: round(statistics.fmean(c[role] for c in cpu_ms), 1) for role in cpu_ms[0]},
+        "idle_ms_over_an_answer": round(idle_ms, 1),
+        "overlay_cpu_ms_per_answer": round(statistics.fmean(net), 1),
+        "overlay_cpu_ms_per_answer_each": [round(x, 1) for x in net],
+        "goal_overlay_cpu_ms_per_answer": 300.0,
+        "cpu_ms_per_reply_message": round(per_message, 3),
+        "floor_cpu_ms_per_message": floor["cpu_ms_per_message"],
+        "ratio_to_floor": round(per_message / floor["cpu_ms_per_message"], 2) if floor["cpu_ms_per_message"] > 0 else None,
+        "goal_ratio_to_floor": 1.5,
+        "floor": floor,
+        "reply_clove_bytes": clove_bytes,
+        "ttft_added_ms": {"p50": round(_pct(added, .5), 2), "max": round(max(added), 2)},
+        "goal_ttft_added_p50_ms": 12.0,
+        "token_wait_ms": {"p50": round(_pct(waits, .5), 1), "p99": round(_pct(waits, .99), 1),
+                          "max": round(max(waits), 1)},
+        "goal_token_wait_max_ms": round(window_ms + _pct(added, .99), 1),
+    }
+
+
+async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: float) -> dict:
+    """`messages` reply messages (one frame of `clove_bytes` per path) every `spacing_s` over
+    4 bare paths of 3 hop processes, TLS on every link: CPU per message, net of idle."""
+    base = work / "bare"
+    sink_tls = bare_chain.make_identity(base / "sink")
+    source_tls = bare_chain.make_identity(base / "source")
+    hops = [[bare_chain.make_identity(base / f"p{p}h{h}") for h in range(HOPS)] for p in range(PATHS)]
+    roots = b"".join([source_tls.cert_pem, sink_tls.cert_pem] + [t.cert_pem for path in hops for t in path])
+    arrived: list[float] = []
+    sink = bare_chain.BareSink(lambda frame: arrived.append(time.perf_counter()))
+    server, port = tls.new_server(sink_tls, "127.0.0.1:0", client_roots=lambda: roots)
+    rpc.add_RelayServicer_to_server(sink, server)
+    await server.start()
+    procs, firsts = [], []
+    try:
+        for p in range(PATHS):
+            next_address, next_cert = f"127.0.0.1:{port}", base / "sink" / tls.CERT_FILE
+            for h in reversed(range(HOPS)):  # from the sink's side: each hop needs its successor's address
+                d = base / f"p{p}h{h}"
+                (d / "roots.pem").write_bytes(roots)
+                proc = _spawn(["-m", "testkit.bare_chain", "--dir", str(d), "--next-address", next_address,
+                               "--next-cert", str(next_cert)], base / f"p{p}h{h}.log")
+                procs.append(proc)
+                next_address, next_cert = json.loads(proc.stdout.readline())["address"], d / tls.CERT_FILE
+            firsts.append((next_address, next_cert.read_bytes()))
+        channels = [await tls.connect(a, c, source_tls) for a, c in firsts]
+        calls = [rpc.RelayStub(ch).Link() for ch in channels]
+
+        def frame() -> pb.LinkFrame:
+            return pb.LinkFrame(cloves=pb.CloveBatch(forward=False, cloves=[
+                pb.Clove(link_id=secrets.token_bytes(16), payload=secrets.token_bytes(clove_bytes))]))
+
+        for _ in range(3):  # warm every link
+            for call in calls:
+                await call.write(frame())
+        while len(arrived) < 3 * PATHS:
+            await asyncio.sleep(0.01)
+        meter = CpuMeter({"source_and_sink": [0], "hops": [p.pid for p in procs]})
+        idle_ms_per_s = await meter.idle_ms_per_s(min(2.0, max(0.5, messages * spacing_s / 4)))
+        arrived.clear()
+        before, t0 = meter.sample(), time.perf_counter()
+        sent_at = []
+        for m in range(messages):
+            await asyncio.sleep(max(0.0, t0 + m * spacing_s - time.perf_counter()))
+            sent_at.append(time.perf_counter())
+            for call in calls:
+                await call.write(frame())
+        deadline = time.perf_counter() + 10
+        while len(arrived) < messages * PATHS and time.perf_counter() < deadline:
+            await asyncio.sleep(0.01)
+        after, seconds = meter.sample(), time.perf_counter() - t0
+        cpu = CpuMeter.delta_ms(after, before, 1)
+        net = cpu["total"] - idle_ms_per_s * seconds
+        for call in calls:
+            call.cancel()
+        for ch in channels:
+            await ch.close()
+        latency = [(arrived[(m + 1) * PATHS - 1] - sent_at[m]) * 1000 for m in range(min(messages, len(arrived) // PATHS))]
+        return {"messages": messages, "arrived_frames": len(arrived), "clove_bytes": clove_bytes,
+                "processes": len(procs), "cpu_ms": {k: round(v, 1) for k, v in cpu.items()},
+                "idle_ms": round(idle_ms_per_s * seconds, 1),
+                "cpu_ms_per_message": round(net / max(1, messages), 3),
+                "path_latency_ms_p50": round(_pct(latency, .5), 2) if latency else None}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await server.stop(None)
 
 
 def _plot(over: list[float], dire: list[float], path: str) -> None:
@@ -192,12 +391,23 @@ def _plot(over: list[float], dire: list[float], path: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--asks", type=int, default=200)
+    ap.add_argument("--asks", type=int, default=None, help="latency pairs (default 200; 0 with --stream)")
     ap.add_argument("--png", default=None, help="write a latency CDF here")
     ap.add_argument("--raw", default=None, help="write every latency (JSON) here")
     ap.add_argument("--cpu-asks", type=int, default=100, help="overlay asks of the CPU phase")
+    ap.add_argument("--stream", action="store_true", help="also stream answers (see the module doc)")
+    ap.add_argument("--answers", type=int, default=3, help="streamed answers measured with --stream")
+    ap.add_argument("--stream-tokens", type=int, default=500)
+    ap.add_argument("--stream-s", type=float, default=10.0)
+    ap.add_argument("--tiny", action="store_true", help="a few asks and one short streamed answer: seconds")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(run(args.asks, args.png, args.raw, args.cpu_asks))))
+    args.warm, args.idle_s = 10, 3.0
+    if args.tiny:
+        args.asks, args.cpu_asks, args.stream, args.answers = 4, 4, True, 1
+        args.stream_tokens, args.stream_s, args.warm, args.idle_s = 20, 0.5, 2, 0.5
+    if args.asks is None:
+        args.asks = 0 if args.stream else 200
+    print(json.dumps(asyncio.run(run(args))))
     return 0
 
 

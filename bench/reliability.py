@@ -4,6 +4,7 @@ and prints ONE JSON line.
     .venv/bin/python bench/reliability.py                 # every registered scenario
     .venv/bin/python bench/reliability.py --list          # names and faults only
     .venv/bin/python bench/reliability.py --only link-blackhole --quick
+    .venv/bin/python bench/reliability.py --tiny          # one quick scenario: what make test runs
 
 The scenario registry
 ---------------------
@@ -28,6 +29,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -39,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DEFAULT_OUT = ROOT / "results" / "reliability.md"
+TINY_SCENARIO = "relay-drop"  # --tiny: one quick scenario on a real in-process overlay
 
 
 @dataclass
@@ -318,7 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (CI-sized)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown table to write")
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"seconds, what make test runs: {TINY_SCENARIO} --quick, the table in a temporary file")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.only, args.quick = [TINY_SCENARIO], True
+        if args.out == DEFAULT_OUT:
+            args.out = Path(tempfile.mkdtemp(prefix="gt-reliability-")) / "reliability.md"
     if args.list:
         for s in SCENARIOS:
             print(f"{s.name}: {s.fault}")

@@ -2,6 +2,9 @@
 
 Goal: 1 KB <= 50 us p50 each, 100 KB <= 1 ms p50 each. combine() is given all n cloves
 in shuffled order (the usual case: the first k-window decodes).
+
+    .venv/bin/python bench/sida.py [REPS]     # default 2000
+    .venv/bin/python bench/sida.py --tiny     # 20 reps: what make test runs
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def _measure(fn, reps: int) -> tuple[float, float]:
 
 def main() -> None:
     n, k = CLOVES.n, CLOVES.k
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    reps = 20 if sys.argv[1:] == ["--tiny"] else int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     rng = random.Random(0)
     out: dict[str, object] = {"bench": "sida", "n": n, "k": k, "unit": "us", "reps": reps, "cpus": os.cpu_count()}
     for label, size in SIZES.items():

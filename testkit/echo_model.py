@@ -51,17 +51,24 @@ class EchoModelNode(rpc.ModelNodeServicer):
 
     def __init__(self, home: Path, directory_path: Path | Directory, model: str = MODEL_NODE.default_model,
                  chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
-                 chunk_delay_s: float = 0.0, context_bytes: int | None = None) -> None:
+                 chunk_delay_s: float = 0.0, context_bytes: int | None = None,
+                 stream_tokens: int | None = None, stream_s: float = 0.0) -> None:
         """`directory_path`: a static directory file, or any Directory (a CommitteeDirectory:
         then the stand-in registers itself with the committee, as `gt-model serve` does).
         `context_bytes`: the echo engine's "context"; a longer prompt is refused as the
         real engine refuses one longer than its context (or, set very low, a node that
-        refuses honest asks by calling them too long)."""
+        refuses honest asks by calling them too long). `stream_tokens`: a request for at least
+        this many tokens (max_tokens) is answered with exactly this many (the echo, repeated
+        or cut), one chunk per token, spread evenly over `stream_s` seconds on a fixed
+        schedule (the first at once): an engine generating at a steady rate, as
+        bench/overlay.py --stream needs; shorter requests get the one-chunk echo."""
         self.home = Path(home)
         self.directory = directory_path if hasattr(directory_path, "models") else StaticDirectory(directory_path)
         self.model = model
         self.chunks = chunks
         self.chunk_delay_s = chunk_delay_s  # pause before every chunk after the first
+        self.stream_tokens = stream_tokens
+        self.stream_s = stream_s
         self.keys = NodeKeys.load_or_create(self.home)
         self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
         self.channels = ChannelPool(own=self.tls)
@@ -111,10 +118,19 @@ class EchoModelNode(rpc.ModelNodeServicer):
         if self.gate is not None:
             await self.gate.wait()
         answer = ECHO_PREFIX + text
-        step = -(-len(answer) // max(1, self.chunks))
-        pieces = [answer[i:i + step] for i in range(0, len(answer), step)] or [""]
+        streamed = bool(self.stream_tokens) and request.sampling.max_tokens >= self.stream_tokens
+        if streamed:
+            answer = (answer * (1 + self.stream_tokens // len(answer)))[:self.stream_tokens]
+            pieces = list(answer)
+        else:
+            step = -(-len(answer) // max(1, self.chunks))
+            pieces = [answer[i:i + step] for i in range(0, len(answer), step)] or [""]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         for i, piece in enumerate(pieces):
-            if i and self.chunk_delay_s:
+            if i and streamed and self.stream_s:
+                await asyncio.sleep(max(0.0, start + i * self.stream_s / (len(pieces) - 1) - loop.time()))
+            elif i and self.chunk_delay_s:
                 await asyncio.sleep(self.chunk_delay_s)
             final = i == len(pieces) - 1
             chunk = pb.GenerateChunk(text=piece, token_ids=list(piece.encode()), final=final,
@@ -188,7 +204,8 @@ def home_config(home: Path) -> dict:
 
 
 async def _serve_echo(home: Path, directory: Path, chunks: int, chunk_delay_s: float = 0.0,
-                      admit: int | None = None, misbehave: str | None = None) -> None:
+                      admit: int | None = None, misbehave: str | None = None,
+                      stream_tokens: int | None = None, stream_s: float = 0.0) -> None:
     import json
     import signal
 
@@ -196,7 +213,8 @@ async def _serve_echo(home: Path, directory: Path, chunks: int, chunk_delay_s: f
         model: EchoModelNode = MisbehavingEchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
                                                         misbehave=misbehave, **home_config(home))
     else:
-        model = EchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s, **home_config(home))
+        model = EchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
+                              stream_tokens=stream_tokens, stream_s=stream_s, **home_config(home))
     if admit is not None:
         model.intake.max_active = admit
     await model.start()
@@ -217,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--directory", required=True)
     ap.add_argument("--chunks", type=int, default=1, help="stream each answer in this many chunks")
     ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="pause before every chunk after the first")
+    ap.add_argument("--stream-tokens", type=int, default=None,
+                    help="answer requests for at least this many tokens with exactly this many, one chunk "
+                         "each, spread evenly over --stream-s")
+    ap.add_argument("--stream-s", type=float, default=0.0, help="seconds one --stream-tokens answer takes")
     ap.add_argument("--admit", type=int, default=None,
                     help="queries served at a time; more are refused as busy (0: refuse every query)")
     ap.add_argument("--misbehave", default=None, choices=("garbage", "bad-signature"),
@@ -224,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                          "messages in valid cloves; bad-signature = right answer, receipt signature broken")
     args = ap.parse_args(argv)
     asyncio.run(_serve_echo(Path(args.home), Path(args.directory), args.chunks, args.chunk_delay_s,
-                            args.admit, args.misbehave))
+                            args.admit, args.misbehave, args.stream_tokens, args.stream_s))
     return 0
 
 

@@ -1,0 +1,119 @@
+"""The floor of an overlay path: bare gRPC stream hops that only pass frames on (benchmarks only).
+
+A `bare hop` is one process with one TLS server (mutual TLS, as a relay's) whose Relay.Link
+handler writes every LinkFrame it reads onto one long-lived outbound Link stream to its
+successor: no layer, no lookup, no crypto beyond TLS. Chained source -> hop 1 -> ... -> hop l
+-> sink, l = 3 and four such paths, it carries reply messages of the overlay's shape
+(one clove frame per path and message, of the reply clove's size) over the same number of
+processes, links, gRPC reads and writes as the overlay's return direction. What it costs is
+what an overlay reply message cannot cost less than in this stack; bench/overlay.py --stream
+measures both in one run.
+
+    python -m testkit.bare_chain --dir DIR --next-address HOST:PORT --next-cert FILE
+
+prints {"address": ...} once listening; DIR holds its tls.crt.pem / tls.key.pem and
+roots.pem (the certificates allowed to call it); stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+from gentorrent.crypto import tls
+from gentorrent.crypto.keys import Identity
+from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.wire import gentorrent_pb2_grpc as rpc
+
+
+def make_identity(directory: Path) -> tls.TlsIdentity:
+    """A fresh self-signed TLS identity written to `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    identity = tls.make_self_signed(Identity.generate())
+    (directory / tls.CERT_FILE).write_bytes(identity.cert_pem)
+    (directory / tls.KEY_FILE).write_bytes(identity.key_pem)
+    return identity
+
+
+def load_identity(directory: Path) -> tls.TlsIdentity:
+    return tls.TlsIdentity((directory / tls.CERT_FILE).read_bytes(), (directory / tls.KEY_FILE).read_bytes())
+
+
+class BareHop(rpc.RelayServicer):
+    """Passes every frame of every incoming Link stream on to one successor, unchanged."""
+
+    def __init__(self, own: tls.TlsIdentity, next_address: str, next_cert: bytes) -> None:
+        self.own = own
+        self.next_address, self.next_cert = next_address, next_cert
+        self._out = None
+        self._channel: grpc.aio.Channel | None = None
+
+    async def _outbound(self):
+        if self._out is None:
+            self._channel = await tls.connect(self.next_address, self.next_cert, self.own)
+            self._out = rpc.RelayStub(self._channel).Link()
+        return self._out
+
+    async def Link(self, request_iterator, context) -> None:
+        out = await self._outbound()
+        while True:
+            frame = await context.read()
+            if frame is grpc.aio.EOF:
+                return
+            await out.write(frame)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+
+class BareSink(rpc.RelayServicer):
+    """The end of bare paths: counts the frames that arrive and calls `on_frame` for each."""
+
+    def __init__(self, on_frame: Callable[[pb.LinkFrame], None]) -> None:
+        self.on_frame = on_frame
+        self.frames = 0
+
+    async def Link(self, request_iterator, context) -> None:
+        while True:
+            frame = await context.read()
+            if frame is grpc.aio.EOF:
+                return
+            self.frames += 1
+            self.on_frame(frame)
+
+
+async def _serve(directory: Path, next_address: str, next_cert: bytes) -> None:
+    own = load_identity(directory)
+    roots = (directory / "roots.pem").read_bytes()
+    hop = BareHop(own, next_address, next_cert)
+    server, port = tls.new_server(own, "127.0.0.1:0", client_roots=lambda: roots)
+    rpc.add_RelayServicer_to_server(hop, server)
+    await server.start()
+    print(json.dumps({"address": f"127.0.0.1:{port}"}), flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(None)
+    await hop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testkit.bare_chain", description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", required=True, type=Path)
+    ap.add_argument("--next-address", required=True)
+    ap.add_argument("--next-cert", required=True, type=Path)
+    args = ap.parse_args(argv)
+    asyncio.run(_serve(args.dir, args.next_address, args.next_cert.read_bytes()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
