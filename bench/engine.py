@@ -1,6 +1,7 @@
 """Model-node engine benchmark: start-up, TTFT, decode speed, and prefix caching at work.
 
     .venv/bin/python bench/engine.py [--model smollm2-135m] [--trials 3]
+    .venv/bin/python bench/engine.py --tiny        # short prompts and decodes: what make test runs
 
 Prints ONE JSON line (progress goes to stderr). Figures, all wall-clock on this machine:
   startup_s              Engine.start (vLLM engine process, weights, KV cache)
@@ -59,7 +60,8 @@ async def _ttft_and_decode(engine, prompt, sampling) -> tuple[float, float, int]
     return first - t0, end - first, n
 
 
-async def run(model_name: str, trials: int) -> dict:
+async def run(model_name: str, trials: int, tiny: bool = False) -> dict:
+    """`tiny`: one prompt per figure and 16-token decodes (the code path in seconds, not figures)."""
     from model_node import catalogue
     from model_node.engine import Engine
     from gentorrent.generation import Prompt, Sampling
@@ -74,13 +76,13 @@ async def run(model_name: str, trials: int) -> dict:
         await _ttft_and_decode(engine, Prompt(text="Warm up."), Sampling(max_tokens=8))
 
         ttfts = []
-        for i in range(8):
+        for i in range(1 if tiny else 8):
             q = f"In one sentence, why is the {rng.choice(WORDS)} {rng.choice(WORDS)} number {i} important?"
             ttft, _, _ = await _ttft_and_decode(engine, Prompt(messages=(("user", q),)), one)
             ttfts.append(ttft)
         _progress(f"TTFT p50 {statistics.median(ttfts):.3f} s")
 
-        decode = Sampling(temperature=0.0, max_tokens=128)
+        decode = Sampling(temperature=0.0, max_tokens=16 if tiny else 128)
         count = Prompt(text="Count from 1 to 100, separated by commas: 1, 2, 3,")
         _, rest, n = await _ttft_and_decode(engine, count, decode)
         decode_s_per_token = rest / max(n - 1, 1)
@@ -96,11 +98,11 @@ async def run(model_name: str, trials: int) -> dict:
         uncached, cached, short = [], [], []
         question = engine.tokenizer.encode("\nQuestion: which word came first?", add_special_tokens=False)
         for t in range(trials):
-            prefix = _filler_ids(engine, 2000, rng)
+            prefix = _filler_ids(engine, 200 if tiny else 2000, rng)
             uncached.append((await _ttft_and_decode(engine, prefix + question, one))[0])
             other = engine.tokenizer.encode(f"\nQuestion {t}: which word came last?", add_special_tokens=False)
             cached.append((await _ttft_and_decode(engine, prefix + other, one))[0])
-            short.append((await _ttft_and_decode(engine, _filler_ids(engine, 500, rng) + question, one))[0])
+            short.append((await _ttft_and_decode(engine, _filler_ids(engine, 50 if tiny else 500, rng) + question, one))[0])
             _progress(f"2k prefix trial {t}: uncached {uncached[-1]:.3f} s, cached {cached[-1]:.3f} s, "
                       f"500-token {short[-1]:.3f} s")
         u, c, s = statistics.median(uncached), statistics.median(cached), statistics.median(short)
@@ -133,9 +135,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true", help="seconds after start-up, figures meaningless: what make test runs")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    print(json.dumps(asyncio.run(run(args.model, args.trials))), flush=True)
+    print(json.dumps(asyncio.run(run(args.model, 1 if args.tiny else args.trials, args.tiny))), flush=True)
 
 
 if __name__ == "__main__":

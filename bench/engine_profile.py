@@ -2,6 +2,7 @@
 
     flock /tmp/gt-heavy.lock .venv/bin/python bench/engine_profile.py \
         [--model smollm2-135m] [--out results/engine_profile_cpu.json]
+    .venv/bin/python bench/engine_profile.py --tiny    # short prompts, a temporary record: what make test runs
 
 Starts one real vLLM engine (the CPU build here, SmolLM2-135M) in this process and measures,
 with prompts of random token ids (so nothing is cached unless a phase caches it on purpose):
@@ -28,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -74,16 +76,23 @@ class Prober:
         return (times[0] if times else time.perf_counter()) - t0, times
 
 
-async def measure(engine, seed: int, trials: int) -> dict:
+#: --tiny: the same phases on prompts small enough for seconds (what make test runs)
+TINY = {"fresh": (32, 128), "cached": ((128, 32),), "batches": (1, 2), "decode_tokens": 8, "long_context": 256}
+
+
+async def measure(engine, seed: int, trials: int, tiny: bool = False) -> dict:
     p = Prober(engine, seed)
+    lengths, cached_shapes, batches = ((TINY["fresh"], TINY["cached"], TINY["batches"]) if tiny
+                                       else (FRESH_LENGTHS, CACHED, DECODE_BATCHES))
+    decode_tokens, long_context = (TINY["decode_tokens"], TINY["long_context"]) if tiny else (DECODE_TOKENS, LONG_CONTEXT)
     fresh = []
-    for n in FRESH_LENGTHS:
+    for n in lengths:
         for t in range(trials if n <= 4096 else max(1, trials - 1)):
             ttft, _ = await p.run(p.ids(n), 1)
             fresh.append({"new": n, "cached": 0, "ttft_s": ttft})
         _progress(f"fresh {n:5d} tokens: TTFT {statistics.median(r['ttft_s'] for r in fresh if r['new'] == n):.3f} s")
     cached = []
-    for prefix_len, new in CACHED:
+    for prefix_len, new in cached_shapes:
         for t in range(trials):
             prefix = p.ids(prefix_len)
             first, _ = await p.run(prefix + p.ids(new), 1)  # caches the prefix
@@ -94,16 +103,16 @@ async def measure(engine, seed: int, trials: int) -> dict:
         _progress(f"cached {prefix_len} + new {new}: TTFT {statistics.median(r['ttft_s'] for r in rows):.3f} s "
                   f"(uncached {statistics.median(r['uncached_ttft_s'] for r in rows):.3f} s)")
     decode = []
-    for b in DECODE_BATCHES:
+    for b in batches:
         for t in range(trials):
-            runs = await asyncio.gather(*(p.run(p.ids(64), DECODE_TOKENS) for _ in range(b)))
-            decode.append({"batch": b, "context": 64 + DECODE_TOKENS // 2,
+            runs = await asyncio.gather(*(p.run(p.ids(64), decode_tokens) for _ in range(b)))
+            decode.append({"batch": b, "context": 64 + decode_tokens // 2,
                            "step_s": _step_time(runs)})
         _progress(f"decode batch {b:2d}: {statistics.median(r['step_s'] for r in decode if r['batch'] == b) * 1e3:.1f} ms/step")
     for t in range(trials):
-        runs = [await p.run(p.ids(LONG_CONTEXT), DECODE_TOKENS)]
-        decode.append({"batch": 1, "context": LONG_CONTEXT + DECODE_TOKENS // 2, "step_s": _step_time(runs)})
-    _progress(f"decode behind {LONG_CONTEXT} tokens: {decode[-1]['step_s'] * 1e3:.1f} ms/step")
+        runs = [await p.run(p.ids(long_context), decode_tokens)]
+        decode.append({"batch": 1, "context": long_context + decode_tokens // 2, "step_s": _step_time(runs)})
+    _progress(f"decode behind {long_context} tokens: {decode[-1]['step_s'] * 1e3:.1f} ms/step")
     return {"fresh": fresh, "cached": cached, "decode": decode}
 
 
@@ -146,7 +155,7 @@ async def run(args) -> dict:
     load_before = os.getloadavg()[0]
     try:
         t0 = time.perf_counter()
-        points = await measure(engine, args.seed, args.trials)
+        points = await measure(engine, args.seed, args.trials, args.tiny)
         wall = time.perf_counter() - t0
     finally:
         engine.shutdown()
@@ -170,7 +179,12 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default="results/engine_profile_cpu.json")
+    ap.add_argument("--tiny", action="store_true",
+                    help="short prompts, one trial, the record in a temporary file: what make test runs")
     args = ap.parse_args()
+    if args.tiny:
+        args.trials = 1
+        args.out = str(Path(tempfile.mkdtemp(prefix="gt-engine-profile-")) / "profile.json")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     print(json.dumps(asyncio.run(run(args))), flush=True)
 

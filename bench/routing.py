@@ -1,6 +1,7 @@
 """Routing on real model nodes: HR-tree + load balancing vs round robin, and the engine's cost.
 
     .venv/bin/python bench/routing.py [--nodes 3] [--requests 45] [--kv-blocks 16] [--tools 8]
+    .venv/bin/python bench/routing.py --tiny     # one node, 3 requests a phase: what make test runs
 
 Starts `--nodes` real `gt-model serve --forwarding` processes (vLLM, smollm2-135m) on
 127.0.0.1 with a small KV cache (`--kv-blocks` blocks of 128 tokens each, so eviction
@@ -262,7 +263,12 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=16, help="KV blocks (128 tokens) per node")
     p.add_argument("--gossip-interval", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=6)
+    p.add_argument("--tiny", action="store_true",
+                   help="one node, 3 requests per phase: the code path in seconds after start-up (make test)")
     args = p.parse_args()
+    if args.tiny:
+        args.nodes, args.requests, args.tools, args.system_words, args.clients = 1, 3, 2, 60, 1
+        args.output_tokens = 4
     print(json.dumps(asyncio.run(run(args))), flush=True)
 
 

@@ -1,6 +1,7 @@
 """Verification throughput: one teacher-forced pass vs. the paper's token-by-token scoring.
 
     .venv/bin/python bench/verify_throughput.py [--model smollm2-135m] [--replies 6] [--tokens 128]
+    .venv/bin/python bench/verify_throughput.py --tiny     # what make test runs
 
 Both methods score the same replies (sampled by the same engine at the challenge temperature)
 on the same vLLM engine in this process, on this machine:
@@ -166,6 +167,10 @@ if __name__ == "__main__":
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--replies", type=int, default=6)
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--tiny", action="store_true", help="2 replies of 12 tokens: what make test runs")
+    args = p.parse_args()
+    if args.tiny:
+        args.replies, args.tokens = 2, 12
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the one JSON line
-    print(json.dumps(asyncio.run(main(p.parse_args()))), flush=True)
+    print(json.dumps(asyncio.run(main(args))), flush=True)

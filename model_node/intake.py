@@ -229,16 +229,15 @@ class CloveIntake:
         await self._known(query)
         self._prepare(ask, query)
         pacer = ReplyPacer(self.params.reply_window_s)
-        arrived = asyncio.Event()
-        pump = self._spawn(self._pump(query.request, pacer, arrived))
+        sooner = asyncio.Event()  # set when a chunk makes a message due sooner than we sleep
+        pump = self._spawn(self._pump(query.request, pacer, sooner))
         try:
             while not pacer.finished:
                 due = pacer.due_at()
                 if due is None or due > self.clock():
-                    arrived.clear()  # a chunk may make a message due sooner (the final one: at once)
-                    wait = None if due is None else due - self.clock()
-                    try:
-                        await asyncio.wait_for(arrived.wait(), wait)
+                    sooner.clear()
+                    try:  # until the message is due, or a chunk makes it due sooner (the final one)
+                        await asyncio.wait_for(sooner.wait(), None if due is None else max(0.0, due - self.clock()))
                     except asyncio.TimeoutError:
                         pass
                 chunk = pacer.take(self.clock())
@@ -249,11 +248,16 @@ class CloveIntake:
             self._active -= 1
             pump.cancel()
 
-    async def _pump(self, request: pb.GenerateRequest, pacer: ReplyPacer, arrived: asyncio.Event) -> None:
+    async def _pump(self, request: pb.GenerateRequest, pacer: ReplyPacer, sooner: asyncio.Event) -> None:
+        """Engine chunks into the pacer. Only a chunk that moves the next message's time (the
+        first one waiting, or the end) wakes the sender: a token per 20 ms must not cost a
+        wake-up each."""
         try:
             async for chunk in self.generate(request):
+                before = pacer.due_at()
                 pacer.add(chunk, self.clock())
-                arrived.set()
+                if before is None or pacer.due_at() < before:
+                    sooner.set()
                 if chunk.final:
                     break
         except Exception as exc:  # the engine failed: tell the user rather than go silent
@@ -261,7 +265,7 @@ class CloveIntake:
             pacer.end(generation.reply_error(exc), self.clock())
         finally:
             pacer.end("generation ended without a final chunk", self.clock())
-            arrived.set()
+            sooner.set()
 
     # ------------------------------------------------------------------ directory
 
