@@ -60,17 +60,21 @@ async def _ttft_and_decode(engine, prompt, sampling) -> tuple[float, float, int]
     return first - t0, end - first, n
 
 
-async def run(model_name: str, trials: int, tiny: bool = False) -> dict:
-    """`tiny`: one prompt per figure and 16-token decodes (the code path in seconds, not figures)."""
+async def run(model_name: str, trials: int, tiny: bool = False, engine=None) -> dict:
+    """`tiny`: one prompt per figure and 16-token decodes (the code path in seconds, not figures).
+    `engine`: a started engine to measure (make test shares one among the engine benches);
+    by default one is started, and shut down after."""
     from model_node import catalogue
     from model_node.engine import Engine
     from gentorrent.generation import Prompt, Sampling
 
     rng = random.Random(1234)
     model = catalogue.resolve(model_name)
-    _progress(f"starting the engine on {model.path}")
-    engine = await Engine.start(model)
-    _progress(f"engine up in {engine.startup_s:.1f} s")
+    own = engine is None
+    if own:
+        _progress(f"starting the engine on {model.path}")
+        engine = await Engine.start(model)
+        _progress(f"engine up in {engine.startup_s:.1f} s")
     try:
         one = Sampling(temperature=0.0, max_tokens=1)
         await _ttft_and_decode(engine, Prompt(text="Warm up."), Sampling(max_tokens=8))
@@ -122,7 +126,8 @@ async def run(model_name: str, trials: int, tiny: bool = False) -> dict:
             "trials": trials,
         }
     finally:
-        engine.shutdown()
+        if own:
+            engine.shutdown()
 
 
 def _is_cpu() -> bool:
@@ -131,15 +136,35 @@ def _is_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="seconds after start-up, figures meaningless: what make test runs")
-    args = ap.parse_args()
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    print(json.dumps(asyncio.run(run(args.model, 1 if args.tiny else args.trials, args.tiny))), flush=True)
+    return ap
 
+
+def tiny_args(args: argparse.Namespace) -> argparse.Namespace:
+    if args.tiny:
+        args.trials = 1
+    return args
+
+
+async def main_async(args: argparse.Namespace, engine=None) -> dict:
+    return await run(args.model, args.trials, args.tiny, engine)
+
+
+def main() -> None:
+    args = tiny_args(parser().parse_args())
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    print(json.dumps(asyncio.run(main_async(args))), flush=True)
+
+
+
+async def with_engine(args: argparse.Namespace, engine) -> dict:
+    """This bench on an engine someone else started (testkit/bench_engines.py: make test's tiny
+    runs share one)."""
+    return await main_async(args, engine)
 
 if __name__ == "__main__":
     main()

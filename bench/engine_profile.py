@@ -144,21 +144,26 @@ def fit(points: dict) -> dict:
             "ttft_fit_median_rel_error": float(np.median(resid))}
 
 
-async def run(args) -> dict:
+async def run(args, engine=None) -> dict:
+    """`engine`: a started engine to profile (make test shares one among the engine benches);
+    by default one is started, and shut down after."""
     from model_node import catalogue
     from model_node.engine import Engine
 
     model = catalogue.resolve(args.model)
-    _progress(f"starting the engine on {model.path}")
-    engine = await Engine.start(model)
-    _progress(f"engine up in {engine.startup_s:.1f} s (max_model_len {engine.max_model_len})")
+    own = engine is None
+    if own:
+        _progress(f"starting the engine on {model.path}")
+        engine = await Engine.start(model)
+        _progress(f"engine up in {engine.startup_s:.1f} s (max_model_len {engine.max_model_len})")
     load_before = os.getloadavg()[0]
     try:
         t0 = time.perf_counter()
         points = await measure(engine, args.seed, args.trials, args.tiny)
         wall = time.perf_counter() - t0
     finally:
-        engine.shutdown()
+        if own:
+            engine.shutdown()
     result = {"bench": "engine_profile", "model": args.model, "device": "cpu", "cpus": os.cpu_count(),
               "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
               "wall_s": round(wall, 1), "trials": args.trials, **fit(points)}
@@ -173,7 +178,14 @@ async def run(args) -> dict:
     return result
 
 
-def main() -> None:
+def tiny_args(args: argparse.Namespace) -> argparse.Namespace:
+    if args.tiny:
+        args.trials = 1
+        args.out = str(Path(tempfile.mkdtemp(prefix="gt-engine-profile-")) / "profile.json")
+    return args
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--trials", type=int, default=3)
@@ -181,13 +193,20 @@ def main() -> None:
     ap.add_argument("--out", default="results/engine_profile_cpu.json")
     ap.add_argument("--tiny", action="store_true",
                     help="short prompts, one trial, the record in a temporary file: what make test runs")
-    args = ap.parse_args()
-    if args.tiny:
-        args.trials = 1
-        args.out = str(Path(tempfile.mkdtemp(prefix="gt-engine-profile-")) / "profile.json")
+    return ap
+
+
+def main() -> None:
+    args = tiny_args(parser().parse_args())
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     print(json.dumps(asyncio.run(run(args))), flush=True)
 
+
+
+async def with_engine(args: argparse.Namespace, engine) -> dict:
+    """This bench on an engine someone else started (testkit/bench_engines.py: make test's tiny
+    runs share one)."""
+    return await run(args, engine)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """Routing on real model nodes: HR-tree + load balancing vs round robin, and the engine's cost.
 
     .venv/bin/python bench/routing.py [--nodes 3] [--requests 45] [--kv-blocks 16] [--tools 8]
-    .venv/bin/python bench/routing.py --tiny     # one node, 3 requests a phase: what make test runs
+    .venv/bin/python bench/routing.py --tiny [--node-info HOME/node.json]   # one node: what make test runs
 
 Starts `--nodes` real `gt-model serve --forwarding` processes (vLLM, smollm2-135m) on
 127.0.0.1 with a small KV cache (`--kv-blocks` blocks of 128 tokens each, so eviction
@@ -84,7 +84,12 @@ class Group:
         self.info: list[dict] = []
         self.channels: list = []
 
-    def start(self) -> None:
+    def start(self, running: Path | None = None) -> None:
+        """Start the n nodes; with `running` (a node.json of a `gt-model serve` already up), use
+        that one node instead (a group of one: make test's tiny run on the session's node)."""
+        if running is not None:
+            self.info.append(json.loads(Path(running).read_text()))
+            return
         directory = self.root / "directory.json"
         directory.write_text('{"users": [], "models": []}')
         homes = [self.root / f"node{i}" for i in range(self.n)]
@@ -224,7 +229,7 @@ async def run(args) -> dict:
     t0 = time.monotonic()
     _progress(f"starting {args.nodes} model nodes (kv {args.kv_blocks} blocks each) under {root}")
     try:
-        await asyncio.to_thread(group.start)
+        await asyncio.to_thread(group.start, args.node_info)
         startup = time.monotonic() - t0
         await group.connect()
         await group.wait_formed()
@@ -265,6 +270,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=6)
     p.add_argument("--tiny", action="store_true",
                    help="one node, 3 requests per phase: the code path in seconds after start-up (make test)")
+    p.add_argument("--node-info", type=Path, default=None,
+                   help="with --tiny: the node.json of a running gt-model serve to use as the group of one")
     args = p.parse_args()
     if args.tiny:
         args.nodes, args.requests, args.tools, args.system_words, args.clients = 1, 3, 2, 60, 1

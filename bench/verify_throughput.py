@@ -116,12 +116,16 @@ async def _committee(engine, replies, top_k: int, shared: bool, members: int = 4
     return time.perf_counter() - t0
 
 
-async def main(args) -> dict:
+async def main(args, engine=None) -> dict:
+    """`engine`: a started engine to measure (make test shares one among the engine benches);
+    by default one is started, and shut down after."""
     from gentorrent.config import SCORING
     from model_node import catalogue
     from model_node.engine import Engine
 
-    engine = await Engine.start(catalogue.resolve(args.model))
+    own = engine is None
+    if own:
+        engine = await Engine.start(catalogue.resolve(args.model))
     try:
         _progress(f"engine up in {engine.startup_s:.0f} s; sampling 2 x {args.replies} replies of {args.tokens} tokens")
         sampled = await _sample_replies(engine, 2 * args.replies, args.tokens)  # half for the committee
@@ -139,7 +143,8 @@ async def main(args) -> dict:
         shared_s = await _committee(engine, others, SCORING.top_k, shared=True)
         _progress(f"committee of 4: {own_s:.2f} s one pass each, {shared_s:.2f} s shared, {len(others)} replies")
     finally:
-        engine.shutdown()
+        if own:
+            engine.shutdown()
     # where the reply token is in the top-k both methods must compute the same log-probability
     diff = max((abs(a - b.logprob) for lps, res in zip(seq_lp, single) for a, b in zip(lps, res.tokens)
                 if b.rank <= SCORING.top_k), default=0.0)
@@ -162,15 +167,29 @@ async def main(args) -> dict:
     }
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--replies", type=int, default=6)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--tiny", action="store_true", help="2 replies of 12 tokens: what make test runs")
-    args = p.parse_args()
+    return p
+
+
+def tiny_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.tiny:
         args.replies, args.tokens = 2, 12
+    return args
+
+
+
+async def with_engine(args: argparse.Namespace, engine) -> dict:
+    """This bench on an engine someone else started (testkit/bench_engines.py: make test's tiny
+    runs share one)."""
+    return await main(args, engine)
+
+if __name__ == "__main__":
+    args = tiny_args(parser().parse_args())
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the one JSON line
     print(json.dumps(asyncio.run(main(args))), flush=True)
