@@ -79,6 +79,16 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
                             stderr=open(log, "wb"), start_new_session=True)
 
 
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 class CpuMeter:
     """CPU seconds of this process and of a set of child processes, by role."""
 
@@ -189,13 +199,7 @@ async def run(args: argparse.Namespace) -> dict:
             Path(args.raw).write_text(json.dumps({"overlay_ms": over, "direct_ms": dire}))
         return result
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
 
 
 async def _cpu_phase(overlay, asks: int, meter: CpuMeter) -> dict:
@@ -360,13 +364,7 @@ async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: fl
                 "cpu_ms_per_message": round(net / max(1, messages), 3),
                 "path_latency_ms_p50": round(_pct(latency, .5), 2) if latency else None}
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
         await server.stop(None)
 
 
