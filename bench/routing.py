@@ -128,7 +128,7 @@ class Group:
         deadline = time.monotonic() + timeout
         while True:
             views = [await self.status(i) for i in range(self.n)]
-            if all(ids - {v["node_id"]} <= set(v["routing"]["members"]) for v in views):
+            if all(ids - {v["node_id"]} <= set(v["routing"].get("members", ())) for v in views):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError("the group never formed")
