@@ -141,13 +141,18 @@ class Group:
 # --------------------------------------------------------------------------- requests
 
 
+#: False on a node started without forwarding (--node-info: the session's): it serves every
+#: Generate itself, which is what Forward with hops = 1 asks of a group member
+FORWARD_RPC = True
+
+
 async def timed(stub, prompt: str | None, max_tokens: int, hops: int = 0,
                 token_ids: list[int] | None = None) -> dict:
     """Send one request; latency, TTFT and who served it."""
     req = pb.GenerateRequest(model=MODEL, prompt=prompt or "",
                              sampling=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens))
     t0 = time.monotonic()
-    call = stub.Forward(pb.ForwardRequest(request=req, hops=hops), timeout=600) if hops else \
+    call = stub.Forward(pb.ForwardRequest(request=req, hops=hops), timeout=600) if hops and FORWARD_RPC else \
         stub.Generate(req, timeout=600)
     first = None
     times = []
@@ -229,6 +234,8 @@ async def run(args) -> dict:
     t0 = time.monotonic()
     _progress(f"starting {args.nodes} model nodes (kv {args.kv_blocks} blocks each) under {root}")
     try:
+        global FORWARD_RPC
+        FORWARD_RPC = args.node_info is None
         await asyncio.to_thread(group.start, args.node_info)
         startup = time.monotonic() - t0
         await group.connect()
