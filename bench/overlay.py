@@ -9,6 +9,7 @@ measurements (overlay, direct) uses the same prompt; their order alternates.
 
     .venv/bin/python bench/overlay.py [--asks 200] [--png bench/overlay_cdf.png]
     .venv/bin/python bench/overlay.py --stream [--answers 3]     # streamed answers (below)
+    .venv/bin/python bench/overlay.py --deployment [--stream]    # with a committee, audits, a gossiping group
     .venv/bin/python bench/overlay.py --tiny                     # seconds: what make test runs
 
 Prints one JSON line: p50/p99 of overlay, direct and overlay - direct, in ms (goal: <= 12 ms
@@ -18,10 +19,21 @@ phase of `--cpu-asks` overlay asks back to back, from /proc (every thread of eve
 On 2 cores the overlay is CPU-bound, so CPU per ask is the figure that moves least with the
 load other programs put on the machine; latency is reported next to it.
 
+`--deployment`: what a deployment runs around the same asks: a committee of 4 `gt-verifier`
+processes (shipped timeouts) instead of a static directory, every node registering itself and
+reading the light-client-checked directory, users handing audited asks in (sealed to each
+member, over their paths, through proxies), and a model group of 2 echo nodes gossiping.
+Reported under "deployment": the audit hand-in's CPU per audit and per ask at the audit rate;
+the committee's CPU beside (not in) the per-ask figures; gossip, refreshes and renewals show in
+`idle_ms_of_cpu_per_s`. Still left out: the members' audit desks (a member takes audits only
+with verification epochs on, which need a reference engine) and every epoch's challenges and
+scoring, forwarding within the group (echo nodes serve everything themselves), and churn.
+
 `--stream`: the echo engine streams a `--stream-tokens` (500) answer over `--stream-s` (10 s),
 one token at a time on a fixed schedule, as a real engine does. Reported under "stream": the
 overlay CPU one answer costs over all 14 processes (net of what they burn idle over as long,
-less what the same answer costs by a direct call: the engine's own streaming; goal <= 300 ms),
+less what the echo engine itself spends on the answer, measured alone; goal <= 300 ms), what
+the same answer costs by a direct Generate call (500 gRPC stream messages: for comparison),
 the reply messages it took, the CPU per reply message ((the answer's overlay CPU - a one-chunk
 ask's) / (messages - 1)) beside the floor: the same number of messages of the same size and
 spacing carried by a bare chain of gRPC stream hops with TLS (testkit/bare_chain.py: 4 paths
@@ -47,11 +59,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gentorrent.config import OVERLAY, CloveParams  # noqa: E402
+from gentorrent.config import AUDITS, OVERLAY, CloveParams  # noqa: E402
 from gentorrent.crypto import tls  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
+from gentorrent.ledger.committee import CommitteeDirectory  # noqa: E402
 from gentorrent.ledger.directory import StaticDirectory  # noqa: E402
+from testkit.committee import free_base_port  # noqa: E402
 from gentorrent.generation import make_request  # noqa: E402
 from testkit import bare_chain  # noqa: E402
 from user_client.asking import Answer  # noqa: E402
@@ -59,6 +73,7 @@ from user_client.node import UserNode  # noqa: E402
 
 RELAYS = 12
 PATHS, HOPS = 4, 3
+MODEL_GROUP = 2  # --deployment: echo model nodes of one model, gossiping
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -79,6 +94,10 @@ def _cpu_s(pid: int) -> float:
     except (OSError, ValueError, IndexError):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench/overlay {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -124,26 +143,45 @@ async def run(args: argparse.Namespace) -> dict:
     directory_path = work / "directory.json"
     procs: list[subprocess.Popen] = []
     try:
-        echo = ["-m", "testkit.echo_model", "--home", str(work / "model"), "--directory", str(directory_path)]
-        if args.stream:
-            echo += ["--stream-tokens", str(args.stream_tokens), "--stream-s", str(args.stream_s)]
-        model = _spawn(echo, work / "model.log")
-        procs.append(model)
-        model_info = json.loads(model.stdout.readline())
-        for i in range(RELAYS):
-            procs.append(_spawn(["-m", "user_client.cli", "start", "--home", str(work / f"relay{i}"),
-                                 "--directory", str(directory_path)], work / f"relay{i}.log"))
-        for p in procs[1:]:
+        committee: list[subprocess.Popen] = []
+        if args.deployment:  # what a deployment runs: nodes register, read the committee's directory
+            genesis = await _start_committee(work / "committee", committee)
+            procs += committee
+            where = ["--committee", str(genesis)]
+        else:
+            where = ["--directory", str(directory_path)]
+        echo = ["--stream-tokens", str(args.stream_tokens), "--stream-s", str(args.stream_s)] if args.stream else []
+        models = [_spawn(["-m", "testkit.echo_model", "--home", str(work / f"model{m}"), *where, *echo]
+                         + (["--gossip"] if args.deployment else []), work / f"model{m}.log")
+                  for m in range(MODEL_GROUP if args.deployment else 1)]
+        procs += models
+        model_info = json.loads(models[0].stdout.readline())
+        for m in models[1:]:
+            json.loads(m.stdout.readline())
+        relays = [_spawn(["-m", "user_client.cli", "start", "--home", str(work / f"relay{i}"), *where],
+                         work / f"relay{i}.log") for i in range(RELAYS)]
+        procs += relays
+        for p in relays:
             json.loads(p.stdout.readline())
         cloves = CloveParams(n=PATHS, k=3, path_length=HOPS, proxies_kept=4)
-        me = UserNode(work / "asker", StaticDirectory(directory_path), cloves=cloves)
+        directory = (CommitteeDirectory.from_args(str(genesis), work / "asker") if args.deployment
+                     else StaticDirectory(directory_path))
+        me = UserNode(work / "asker", directory, cloves=cloves)
         await me.start(build_paths=False)
-        await asyncio.sleep(6)  # relays learn of the asker at their next directory refresh
-        assert await me.paths.fill() >= PATHS, "could not build 4 paths"
-        cert = Path(work / "model" / tls.CERT_FILE).read_bytes()
+        for _ in range(30):  # relays learn of the asker, and each other, at their next directory refresh
+            await asyncio.sleep(2)
+            await me.refresh_directory()
+            if await me.paths.fill() >= PATHS:
+                break
+        assert len(me.paths.pool.paths) >= PATHS, "could not build 4 paths"
+        cert = Path(work / "model0" / tls.CERT_FILE).read_bytes()
         channel = await tls.connect(model_info["address"], cert)
         stub = rpc.ModelNodeStub(channel)
-        meter = CpuMeter({"asker": [0], "relays": [p.pid for p in procs[1:]], "model_node": [model.pid]})
+        roles = {"asker": [0], "relays": [p.pid for p in relays], "model_node": [m.pid for m in models]}
+        _progress(f"relay pids {' '.join(str(p.pid) for p in relays)}; model pids {' '.join(str(m.pid) for m in models)}")
+        meter = CpuMeter(roles)
+        # the committee's CPU is reported beside the overlay's, not in it (consensus runs whether or not anyone asks)
+        committee_meter = CpuMeter({"committee": [p.pid for p in committee]}) if committee else None
 
         stages: dict[str, list[float]] = {}
 
@@ -161,6 +199,7 @@ async def run(args: argparse.Namespace) -> dict:
             assert chunks[-1].final
             return (time.perf_counter() - t) * 1000
 
+        _progress(f"{len(me.paths.pool.paths)} paths; warming up")
         for i in range(args.warm):  # warm channels, TLS sessions, caches
             await overlay(f"warm-up {i}")
             await direct(f"warm-up {i}")
@@ -188,15 +227,21 @@ async def run(args: argparse.Namespace) -> dict:
                              "mean": round(statistics.fmean(diff), 2)},
                 "goal_added_p50_ms": 12.0,
             })
+        committee_before = committee_meter.sample() if committee_meter else None
+        _progress(f"CPU phase: {args.cpu_asks} asks")
         cpu = await _cpu_phase(overlay, args.cpu_asks, meter)
+        if committee_meter:
+            cpu["committee_beside"] = CpuMeter.delta_ms(committee_meter.sample(), committee_before, args.cpu_asks)["total"]
         idle_ms_per_s = await meter.idle_ms_per_s(args.idle_s)
         result.update({"cpu_ms_per_ask": cpu, "goal_cpu_ms_per_ask": 20.0,
                        "idle_ms_of_cpu_per_s": round(idle_ms_per_s, 2)})
+        if args.deployment:
+            result["deployment"] = await _deployment_costs(me, meter, committee_meter, args.cpu_asks + args.asks,
+                                                           models, idle_ms_per_s)
         if args.stream:
             direct_ask_ms = await _direct_cpu(direct, meter, max(5, args.cpu_asks // 2), idle_ms_per_s)
             result["direct_cpu_ms_per_ask"] = round(direct_ask_ms, 2)
-            result["stream"] = await _stream_phase(args, me, stub, meter, cpu["total"], direct_ask_ms,
-                                                   idle_ms_per_s, work)
+            result["stream"] = await _stream_phase(args, me, stub, meter, cpu["total"], idle_ms_per_s, work)
         await channel.close()
         status = me.status()
         await me.stop()
@@ -230,6 +275,40 @@ async def _cpu_phase(overlay, asks: int, meter: CpuMeter) -> dict:
     return out
 
 
+async def _start_committee(home: Path, procs: list[subprocess.Popen]) -> Path:
+    """4 gt-verifier processes with the shipped timeouts (what `gt-verifier init` writes); the genesis file."""
+    subprocess.run([sys.executable, "-m", "verifier.cli", "--log-level", "WARNING", "init", "--validators", "4",
+                    "--out", str(home), "--base-port", str(free_base_port(4)), "--chain-id", "bench-overlay"],
+                   cwd=ROOT, check=True, capture_output=True, timeout=120)
+    for i in range(4):
+        procs.append(_spawn(["-m", "verifier.cli", "--log-level", "WARNING", "start", "--home", str(home / f"v{i}")],
+                            home / f"v{i}.log"))
+    return home / "v0" / "genesis.json"
+
+
+async def _deployment_costs(me: UserNode, meter: CpuMeter, committee_meter: CpuMeter, asks: int,
+                            models: list[subprocess.Popen], idle_ms_per_s: float) -> dict:
+    """What a deployment pays beyond the asks themselves: the audit hand-in of the asks drawn
+    for audit (their submissions, sealed to each member, over the user's paths, handed to the
+    members by proxies: CPU per ask over every ask this run made), and what gossip, directory
+    refreshes and lease renewals cost while idle (in idle_ms_of_cpu_per_s)."""
+    waiting = len(me.auditor.outbox)
+    before, committee_before, t0 = meter.sample(), committee_meter.sample(), time.perf_counter()
+    handed = await me.auditor.flush(me.audit_channel, max_delay_s=0) if waiting else 0
+    await asyncio.sleep(0.5)  # the copies cross their paths
+    seconds = time.perf_counter() - t0
+    cpu = CpuMeter.delta_ms(meter.sample(), before, 1)
+    committee = CpuMeter.delta_ms(committee_meter.sample(), committee_before, 1)["total"]
+    per_audit = (cpu["total"] - idle_ms_per_s * seconds) / max(1, waiting)
+    return {"committee": "4 gt-verifier processes, shipped timeouts; every node registered and reads its "
+                         "light-client-checked directory", "model_group": f"{len(models)} echo nodes gossiping",
+            "audited_asks": waiting, "audits_accepted": handed, "audit_counts": me.auditor.status(),
+            "audit_handin_cpu_ms_per_audit": round(per_audit, 2) if waiting else None,
+            "audit_handin_cpu_ms_per_ask": round(per_audit * AUDITS.rate, 3) if waiting else None,
+            "audit_rate": AUDITS.rate,
+            "audit_handin_committee_cpu_ms": round(committee, 1)}
+
+
 async def _direct_cpu(direct, meter: CpuMeter, asks: int, idle_ms_per_s: float) -> float:
     """CPU milliseconds of one direct call (model node + this client), net of idle."""
     before, t0 = meter.sample(), time.perf_counter()
@@ -242,8 +321,8 @@ async def _direct_cpu(direct, meter: CpuMeter, asks: int, idle_ms_per_s: float) 
 # --------------------------------------------------------------------------- streamed answers
 
 
-async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: float, direct_ask_ms: float,
-                        idle_ms_per_s: float, work: Path) -> dict:
+async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: float, idle_ms_per_s: float,
+                        work: Path) -> dict:
     """Streamed answers through the overlay, then the same reply messages over a bare chain."""
     sizes: list[int] = []
     own_links = set()
@@ -256,10 +335,11 @@ async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: f
     me.relay.tap = tap
     interval = args.stream_s / max(1, args.stream_tokens - 1)
     prompt = "Stream me a long answer about the moon, token by token, please."
-    ttft_over, ttft_direct, waits, messages = [], [], [], []
+    ttft_over, ttft_direct, waits, messages, spans = [], [], [], [], []
     cpu_ms, wall = [], []
     direct_ms = []
     for i in range(args.answers):
+        _progress(f"streamed answer {i + 1} of {args.answers}: direct, then through the overlay")
         # the same answer by a direct call (the same engine schedule, no overlay): its first
         # token, and what it costs the model node and this client (what no overlay adds)
         await asyncio.sleep(0.3)
@@ -289,6 +369,7 @@ async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: f
         await asyncio.sleep(0.3)  # the last reply cloves (the n-th of each message) come home
         after, seconds = meter.sample(), time.perf_counter() - t0
         messages.append(me.asker.chunks_in - chunks_before)
+        spans.append(arrivals[-1] - arrivals[0])
         cpu_ms.append(CpuMeter.delta_ms(after, before, 1))
         wall.append(seconds)
     me.relay.tap = None
@@ -296,13 +377,18 @@ async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: f
     net = [c["total"] - idle_ms for c in cpu_ms]
     msgs = statistics.fmean(messages)
     direct = statistics.fmean(direct_ms)
-    overlay_ms = statistics.fmean(net) - direct  # what the overlay adds to the answer
+    _progress("the engine alone")
+    engine_ms = await _engine_only_ms(args, work, prompt)
+    overlay_ms = statistics.fmean(net) - engine_ms  # the answer less what the engine itself did
     # a one-chunk ask is the query and one reply message; each further message costs the rest
-    per_message = (overlay_ms - (ask_cpu_ms - direct_ask_ms)) / max(1.0, msgs - 1)
+    per_message = (overlay_ms - ask_cpu_ms) / max(1.0, msgs - 1)
     clove_bytes = int(statistics.median(sizes)) if sizes else 400
-    floor = await _bare_chain(work, round(msgs), clove_bytes, OVERLAY.reply_window_s)
+    _progress("the bare chain")
+    # the floor carries as many messages, as far apart as the overlay's were
+    floor = await _bare_chain(work, round(msgs), clove_bytes, statistics.fmean(spans) / max(1.0, msgs - 1))
     added = [o - d for o, d in zip(ttft_over, ttft_direct)]
-    window_ms = OVERLAY.reply_window_s * 1000
+    # (code before 2026-12-01 had a 50 ms clock, reply_cadence_s, instead of a window)
+    window_ms = getattr(OVERLAY, "reply_window_s", getattr(OVERLAY, "reply_cadence_s", 0.0)) * 1000
     return {
         "answers": args.answers, "tokens": args.stream_tokens, "seconds": args.stream_s,
         "reply_window_ms": window_ms,
@@ -310,9 +396,10 @@ async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: f
         "cpu_ms_per_answer": {role: round(statistics.fmean(c[role] for c in cpu_ms), 1) for role in cpu_ms[0]},
         "idle_ms_over_an_answer": round(idle_ms, 1),
         "cpu_ms_per_answer_net_of_idle": round(statistics.fmean(net), 1),
-        "direct_call_cpu_ms_per_answer": round(direct, 1),
+        "engine_cpu_ms_per_answer": round(engine_ms, 1),
         "overlay_cpu_ms_per_answer": round(overlay_ms, 1),
-        "overlay_cpu_ms_per_answer_each": [round(x - direct, 1) for x in net],
+        "overlay_cpu_ms_per_answer_each": [round(x - engine_ms, 1) for x in net],
+        "direct_call_cpu_ms_per_answer": round(direct, 1),
         "goal_overlay_cpu_ms_per_answer": 300.0,
         "cpu_ms_per_reply_message": round(per_message, 3),
         "floor_cpu_ms_per_message": floor["cpu_ms_per_message"],
@@ -326,6 +413,26 @@ async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: f
                           "max": round(max(waits), 1)},
         "goal_token_wait_max_ms": round(window_ms + _pct(added, .99), 1),
     }
+
+
+async def _engine_only_ms(args, work: Path, prompt: str) -> float:
+    """CPU milliseconds the echo engine itself spends on one streamed answer (its schedule,
+    its chunks, the pacer taking each), run here with nothing sent: what the model node's
+    figure holds that is no overlay's doing. A real engine costs its node per token too."""
+    from gentorrent.overlay.reply_pacing import ReplyPacer
+    from testkit.echo_model import EchoModelNode
+
+    engine = EchoModelNode(work / "engine-only", work / "engine-only.json", stream_tokens=args.stream_tokens,
+                           stream_s=args.stream_s)
+    request = make_request(prompt, max_tokens=args.stream_tokens)
+    own = CpuMeter({"self": [0]})
+    idle_ms_per_s = await own.idle_ms_per_s(1.0)
+    before, t0 = own.sample(), time.perf_counter()
+    pacer = ReplyPacer(1e9)
+    async for chunk in engine.generate(request):
+        pacer.add(chunk, 0.0)
+    seconds = time.perf_counter() - t0
+    return CpuMeter.delta_ms(own.sample(), before, 1)["total"] - idle_ms_per_s * seconds
 
 
 async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: float) -> dict:
@@ -366,6 +473,7 @@ async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: fl
         while len(arrived) < 3 * PATHS:
             await asyncio.sleep(0.01)
         meter = CpuMeter({"source_and_sink": [0], "hops": [p.pid for p in procs]})
+        _progress(f"bare chain up: hop pids {' '.join(str(p.pid) for p in procs)}")
         idle_ms_per_s = await meter.idle_ms_per_s(min(2.0, max(0.5, messages * spacing_s / 4)))
         arrived.clear()
         before, t0 = meter.sample(), time.perf_counter()
@@ -425,6 +533,9 @@ def main() -> int:
     ap.add_argument("--answers", type=int, default=3, help="streamed answers measured with --stream")
     ap.add_argument("--stream-tokens", type=int, default=500)
     ap.add_argument("--stream-s", type=float, default=10.0)
+    ap.add_argument("--deployment", action="store_true",
+                    help="a committee (4 verifiers) instead of a static directory, audits handed in, a model group "
+                         "of 2 gossiping")
     ap.add_argument("--tiny", action="store_true", help="a few asks and one short streamed answer: seconds")
     args = ap.parse_args()
     args.warm, args.idle_s = 10, 3.0

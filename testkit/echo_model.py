@@ -16,7 +16,7 @@ test proves that check holds on real processes (`--misbehave KIND`):
   the right prompt and tokens, whose Ed25519 signature has one bit flipped. Only the receipt
   check (asking.receipt_is_valid) refuses it.
 
-    python -m testkit.echo_model --home DIR --directory FILE [--misbehave KIND]
+    python -m testkit.echo_model --home DIR (--directory FILE | --committee GENESIS) [--gossip] [--misbehave KIND]
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+
+import grpc
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -35,6 +37,8 @@ from gentorrent.crypto.keys import NodeKeys
 from gentorrent.ledger.directory import Directory, ModelRecord, StaticDirectory
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
+from gentorrent.routing.group import GroupRouting, LocalLoad
+from model_node.gossip import GroupGossip
 from model_node.intake import CloveIntake
 
 ECHO_PREFIX = "echo: "
@@ -52,7 +56,7 @@ class EchoModelNode(rpc.ModelNodeServicer):
     def __init__(self, home: Path, directory_path: Path | Directory, model: str = MODEL_NODE.default_model,
                  chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
                  chunk_delay_s: float = 0.0, context_bytes: int | None = None,
-                 stream_tokens: int | None = None, stream_s: float = 0.0) -> None:
+                 stream_tokens: int | None = None, stream_s: float = 0.0, gossip: bool = False) -> None:
         """`directory_path`: a static directory file, or any Directory (a CommitteeDirectory:
         then the stand-in registers itself with the committee, as `gt-model serve` does).
         `context_bytes`: the echo engine's "context"; a longer prompt is refused as the
@@ -61,7 +65,10 @@ class EchoModelNode(rpc.ModelNodeServicer):
         this many tokens (max_tokens) is answered with exactly this many (the echo, repeated
         or cut), one chunk per token, spread evenly over `stream_s` seconds on a fixed
         schedule (the first at once): an engine generating at a steady rate, as
-        bench/overlay.py --stream needs; shorter requests get the one-chunk echo."""
+        bench/overlay.py --stream needs; shorter requests get the one-chunk echo. `gossip`: take
+        part in the model group's gossip (model_node.gossip.GroupGossip: signed rounds to every
+        trusted node of its model in the directory, every `gossip_interval_s`), as a group member
+        does; the echo engine's load is what it serves, its subtree stays empty (no prefix cache)."""
         self.home = Path(home)
         self.directory = directory_path if hasattr(directory_path, "models") else StaticDirectory(directory_path)
         self.model = model
@@ -81,6 +88,11 @@ class EchoModelNode(rpc.ModelNodeServicer):
         self.context_bytes = context_bytes
         self.address = ""
         self._server = None
+        self.gossip: GroupGossip | None = None
+        if gossip:
+            group = GroupRouting(self.keys.identity.node_id_hex, 1, 100_000, version_base=int(time.time() * 1000))
+            self.gossip = GroupGossip(self.keys.identity, model, group, self.directory,
+                                      lambda: LocalLoad(active=self.intake.status()["active"]), channels=self.channels)
 
     @property
     def record(self) -> ModelRecord:
@@ -97,8 +109,12 @@ class EchoModelNode(rpc.ModelNodeServicer):
             await self.directory.register_model(self.record)
         else:
             self.directory.add_model(self.record)
+        if self.gossip is not None:
+            self.gossip.start()
 
     async def stop(self) -> None:
+        if self.gossip is not None:
+            await self.gossip.close()
         await self.intake.close()
         if self._server is not None:
             await self._server.stop(None)
@@ -154,6 +170,15 @@ class EchoModelNode(rpc.ModelNodeServicer):
     async def Health(self, request, context) -> pb.HealthReply:
         return pb.HealthReply(node_id=self.keys.identity.node_id_hex, role="model", serving=True)
 
+    async def Gossip(self, request: pb.GossipMessage, context) -> pb.GossipReply:
+        if self.gossip is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this echo node does not gossip")
+        return await self.gossip.gossip(request)
+
+    def status(self) -> dict:
+        """What the echo node did: its intake's figures, and its gossip's."""
+        return {"intake": self.intake.status(), "gossip": self.gossip.status() if self.gossip else None}
+
 
 # fault drills ---------------------------------------------------------------------------
 
@@ -205,16 +230,20 @@ def home_config(home: Path) -> dict:
 
 async def _serve_echo(home: Path, directory: Path, chunks: int, chunk_delay_s: float = 0.0,
                       admit: int | None = None, misbehave: str | None = None,
-                      stream_tokens: int | None = None, stream_s: float = 0.0) -> None:
+                      stream_tokens: int | None = None, stream_s: float = 0.0, gossip: bool = False) -> None:
     import json
     import signal
 
+    if committee is not None:  # register with the committee, as `gt-model serve --committee` does
+        from gentorrent.ledger.committee import CommitteeDirectory
+
+        directory = CommitteeDirectory.from_args(str(committee), home)
     if misbehave:  # a fault drill: never part of an honest node
         model: EchoModelNode = MisbehavingEchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
                                                         misbehave=misbehave, **home_config(home))
     else:
         model = EchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
-                              stream_tokens=stream_tokens, stream_s=stream_s, **home_config(home))
+                              stream_tokens=stream_tokens, stream_s=stream_s, gossip=gossip, **home_config(home))
     if admit is not None:
         model.intake.max_active = admit
     await model.start()
@@ -232,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m testkit.echo_model")
     ap.add_argument("--home", required=True)
-    ap.add_argument("--directory", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--directory", help="a static directory file")
+    where.add_argument("--committee", help="a genesis file: register with its committee and read its directory")
+    ap.add_argument("--gossip", action="store_true", help="gossip with the model group (the directory's nodes of its model)")
     ap.add_argument("--chunks", type=int, default=1, help="stream each answer in this many chunks")
     ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="pause before every chunk after the first")
     ap.add_argument("--stream-tokens", type=int, default=None,
@@ -245,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="FAULT DRILLS ONLY: garbage = undecodable reply "
                          "messages in valid cloves; bad-signature = right answer, receipt signature broken")
     args = ap.parse_args(argv)
-    asyncio.run(_serve_echo(Path(args.home), Path(args.directory), args.chunks, args.chunk_delay_s,
-                            args.admit, args.misbehave, args.stream_tokens, args.stream_s))
+    asyncio.run(_serve_echo(Path(args.home), Path(args.directory) if args.directory else None, args.chunks,
+                            args.chunk_delay_s, args.admit, args.misbehave, args.stream_tokens, args.stream_s,
+                            Path(args.committee) if args.committee else None, args.gossip))
     return 0
 
 
