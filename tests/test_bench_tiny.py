@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PLAIN, SHARED_ENGINE, SESSION_NODE = "plain", "shared engine", "session model node"
 
-#: bench file -> (how its tiny mode runs, seconds it may take)
+#: bench file -> (how its tiny mode runs, seconds it may take); arguments: --tiny, and EXTRA
+EXTRA = {"overlay.py": ["--deployment"]}  # the committee, audits and gossip too
 TINY: dict[str, tuple[str, int]] = {
     "abci_app.py": (PLAIN, 120),
     "challenge_realism.py": (PLAIN, 300),
@@ -82,7 +83,7 @@ def test_every_bench_runs_its_tiny_mode_and_prints_one_json_line(name, tmp_path,
         assert row is not None and "error" not in row, row
         figures = row["result"]
     else:
-        args = ["--tiny"]
+        args = ["--tiny", *EXTRA.get(name, [])]
         if kind == SESSION_NODE:
             args += ["--node-info", str(request.getfixturevalue("model_node").home / "node.json")]
         done = subprocess.run([sys.executable, str(BENCH / name), *args], cwd=ROOT, env=_env(tmp_path),
