@@ -437,39 +437,41 @@ async def _engine_only_ms(args, work: Path, prompt: str) -> float:
 
 async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: float) -> dict:
     """`messages` reply messages (one frame of `clove_bytes` per path) every `spacing_s` over
-    4 bare paths of 3 hop processes, TLS on every link: CPU per message, net of idle."""
+    4 bare paths of 3 hop processes, TLS on every link, flowing against the direction the
+    links were dialled, as replies do: CPU per message, net of idle."""
     base = work / "bare"
     sink_tls = bare_chain.make_identity(base / "sink")
     source_tls = bare_chain.make_identity(base / "source")
     hops = [[bare_chain.make_identity(base / f"p{p}h{h}") for h in range(HOPS)] for p in range(PATHS)]
     roots = b"".join([source_tls.cert_pem, sink_tls.cert_pem] + [t.cert_pem for path in hops for t in path])
     arrived: list[float] = []
-    sink = bare_chain.BareSink(lambda frame: arrived.append(time.perf_counter()))
-    server, port = tls.new_server(sink_tls, "127.0.0.1:0", client_roots=lambda: roots)
-    rpc.add_RelayServicer_to_server(sink, server)
+    source = bare_chain.BareSource()
+    source.expected = PATHS
+    server, port = tls.new_server(source_tls, "127.0.0.1:0", client_roots=lambda: roots)
+    rpc.add_RelayServicer_to_server(source, server)
     await server.start()
-    procs, firsts = [], []
+    sink = bare_chain.BareSink(sink_tls, lambda frame: arrived.append(time.perf_counter()))
+    procs = []
     try:
         for p in range(PATHS):
-            next_address, next_cert = f"127.0.0.1:{port}", base / "sink" / tls.CERT_FILE
-            for h in reversed(range(HOPS)):  # from the sink's side: each hop needs its successor's address
+            next_address, next_cert = f"127.0.0.1:{port}", base / "source" / tls.CERT_FILE
+            for h in reversed(range(HOPS)):  # from the source's side: each hop dials the one before it
                 d = base / f"p{p}h{h}"
                 (d / "roots.pem").write_bytes(roots)
                 proc = _spawn(["-m", "testkit.bare_chain", "--dir", str(d), "--next-address", next_address,
                                "--next-cert", str(next_cert)], base / f"p{p}h{h}.log")
                 procs.append(proc)
                 next_address, next_cert = json.loads(proc.stdout.readline())["address"], d / tls.CERT_FILE
-            firsts.append((next_address, next_cert.read_bytes()))
-        channels = [await tls.connect(a, c, source_tls) for a, c in firsts]
-        calls = [rpc.RelayStub(ch).Link() for ch in channels]
+            await sink.dial(next_address, next_cert.read_bytes())
+        await asyncio.wait_for(source.opened.wait(), 30)
 
         def frame() -> pb.LinkFrame:
             return pb.LinkFrame(cloves=pb.CloveBatch(forward=False, cloves=[
                 pb.Clove(link_id=secrets.token_bytes(16), payload=secrets.token_bytes(clove_bytes))]))
 
         for _ in range(3):  # warm every link
-            for call in calls:
-                await call.write(frame())
+            for path in range(PATHS):
+                source.send(path, frame())
         while len(arrived) < 3 * PATHS:
             await asyncio.sleep(0.01)
         meter = CpuMeter({"source_and_sink": [0], "hops": [p.pid for p in procs]})
@@ -481,18 +483,14 @@ async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: fl
         for m in range(messages):
             await asyncio.sleep(max(0.0, t0 + m * spacing_s - time.perf_counter()))
             sent_at.append(time.perf_counter())
-            for call in calls:
-                await call.write(frame())
+            for path in range(PATHS):
+                source.send(path, frame())
         deadline = time.perf_counter() + 10
         while len(arrived) < messages * PATHS and time.perf_counter() < deadline:
             await asyncio.sleep(0.01)
         after, seconds = meter.sample(), time.perf_counter() - t0
         cpu = CpuMeter.delta_ms(after, before, 1)
         net = cpu["total"] - idle_ms_per_s * seconds
-        for call in calls:
-            call.cancel()
-        for ch in channels:
-            await ch.close()
         latency = [(arrived[(m + 1) * PATHS - 1] - sent_at[m]) * 1000 for m in range(min(messages, len(arrived) // PATHS))]
         return {"messages": messages, "arrived_frames": len(arrived), "clove_bytes": clove_bytes,
                 "processes": len(procs), "cpu_ms": {k: round(v, 1) for k, v in cpu.items()},
@@ -500,6 +498,7 @@ async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: fl
                 "cpu_ms_per_message": round(net / max(1, messages), 3),
                 "path_latency_ms_p50": round(_pct(latency, .5), 2) if latency else None}
     finally:
+        await sink.close()
         _stop(procs)
         await server.stop(None)
 

@@ -1,15 +1,19 @@
 """The floor of an overlay path: bare gRPC stream hops that only pass frames on (benchmarks only).
 
-A `bare hop` is one process with one TLS server (mutual TLS, as a relay's) whose Relay.Link
-handler writes every LinkFrame it reads onto one long-lived outbound Link stream to its
-successor: no layer, no lookup, no crypto beyond TLS. Chained source -> hop 1 -> ... -> hop l
--> sink, l = 3 and four such paths, it carries reply messages of the overlay's shape
-(one clove frame per path and message, of the reply clove's size) over the same number of
-processes, links, gRPC reads and writes as the overlay's return direction. What it costs is
-what an overlay reply message cannot cost less than in this stack; bench/overlay.py --stream
-measures both in one run.
+A `bare hop` is one process with one TLS server (mutual TLS, as a relay's) and one
+long-lived outbound Link stream to the next hop towards the source; every LinkFrame it reads
+from that stream it writes back on the stream its caller (the next hop towards the sink)
+opened: no layer, no lookup, no crypto beyond TLS. That is the direction replies take in the
+overlay: links are opened towards the model node (user -> hop 1 -> hop 2 -> proxy -> model
+node), replies flow back against it, read on the client side of a stream and written on the
+server side of the next. Chained source <- hop l <- ... <- hop 1 <- sink (arrows: who dials
+whom), l = 3 and four such paths, it carries reply messages of the overlay's shape (one clove
+frame per path and message, of the reply clove's size) over the same number of processes,
+links, gRPC reads and writes, in the same direction, as the overlay's replies. What it costs
+is what an overlay reply message cannot cost less than in this stack; bench/overlay.py
+--stream measures both in one run.
 
-    python -m testkit.bare_chain --dir DIR --next-address HOST:PORT --next-cert FILE
+    python -m testkit.bare_chain --dir DIR --next-address HOST:PORT --next-cert FILE   # next: towards the source
 
 prints {"address": ...} once listening; DIR holds its tls.crt.pem / tls.key.pem and
 roots.pem (the certificates allowed to call it); stops on SIGTERM.
@@ -46,47 +50,82 @@ def load_identity(directory: Path) -> tls.TlsIdentity:
 
 
 class BareHop(rpc.RelayServicer):
-    """Passes every frame of every incoming Link stream on to one successor, unchanged."""
+    """Passes every frame from the hop towards the source on to its caller, unchanged."""
 
     def __init__(self, own: tls.TlsIdentity, next_address: str, next_cert: bytes) -> None:
         self.own = own
         self.next_address, self.next_cert = next_address, next_cert
-        self._out = None
         self._channel: grpc.aio.Channel | None = None
 
-    async def _outbound(self):
-        if self._out is None:
-            self._channel = await tls.connect(self.next_address, self.next_cert, self.own)
-            self._out = rpc.RelayStub(self._channel).Link()
-        return self._out
-
     async def Link(self, request_iterator, context) -> None:
-        out = await self._outbound()
+        if self._channel is None:
+            self._channel = await tls.connect(self.next_address, self.next_cert, self.own)
+        upstream = rpc.RelayStub(self._channel).Link()
+        await upstream.write(pb.LinkFrame())  # opens the stream at the next hop
         while True:
-            frame = await context.read()
+            frame = await upstream.read()
             if frame is grpc.aio.EOF:
                 return
-            await out.write(frame)
+            await context.write(frame)
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
 
 
-class BareSink(rpc.RelayServicer):
-    """The end of bare paths: counts the frames that arrive and calls `on_frame` for each."""
+class BareSource(rpc.RelayServicer):
+    """The start of bare paths (where a model node would be): each hop that dials it gets the
+    frames `send` is given for its path, written on the server side as a model node's are."""
 
-    def __init__(self, on_frame: Callable[[pb.LinkFrame], None]) -> None:
-        self.on_frame = on_frame
-        self.frames = 0
+    def __init__(self) -> None:
+        self.paths: list[asyncio.Queue] = []
+        self.opened = asyncio.Event()
+        self.expected = 0
+
+    def send(self, path: int, frame: pb.LinkFrame) -> None:
+        self.paths[path].put_nowait(frame)
 
     async def Link(self, request_iterator, context) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.paths.append(queue)
+        await context.read()  # the opening frame
+        if len(self.paths) >= self.expected:
+            self.opened.set()
         while True:
-            frame = await context.read()
+            await context.write(await queue.get())
+
+
+class BareSink:
+    """The end of bare paths (where the user is): dials each path's first hop and counts the
+    frames that come back, calling `on_frame` for each."""
+
+    def __init__(self, own: tls.TlsIdentity, on_frame: Callable[[pb.LinkFrame], None]) -> None:
+        self.own = own
+        self.on_frame = on_frame
+        self.frames = 0
+        self._channels: list[grpc.aio.Channel] = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def dial(self, address: str, cert: bytes) -> None:
+        channel = await tls.connect(address, cert, self.own)
+        self._channels.append(channel)
+        call = rpc.RelayStub(channel).Link()
+        await call.write(pb.LinkFrame())
+        self._tasks.append(asyncio.ensure_future(self._read(call)))
+
+    async def _read(self, call) -> None:
+        while True:
+            frame = await call.read()
             if frame is grpc.aio.EOF:
                 return
             self.frames += 1
             self.on_frame(frame)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for channel in self._channels:
+            await channel.close()
 
 
 async def _serve(directory: Path, next_address: str, next_cert: bytes) -> None:
