@@ -228,9 +228,10 @@ def home_config(home: Path) -> dict:
     return {"cloves": conf["cloves"], "params": conf["overlay"]}
 
 
-async def _serve_echo(home: Path, directory: Path, chunks: int, chunk_delay_s: float = 0.0,
+async def _serve_echo(home: Path, directory: Path | None, chunks: int, chunk_delay_s: float = 0.0,
                       admit: int | None = None, misbehave: str | None = None,
-                      stream_tokens: int | None = None, stream_s: float = 0.0, gossip: bool = False) -> None:
+                      stream_tokens: int | None = None, stream_s: float = 0.0,
+                      committee: Path | None = None, gossip: bool = False) -> None:
     import json
     import signal
 
