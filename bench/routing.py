@@ -208,9 +208,10 @@ async def run_phase(group: Group, policy: str, tools: list[str], picks: list[int
     h = sum(a["load"]["prefix_hits"] - b["load"]["prefix_hits"] for a, b in zip(after, before))
     lat = sorted(r["latency"] for r in results)
     ttft = sorted(r["ttft"] for r in results)
-    routed = sum(a["routing"]["requests"] - b["routing"]["requests"] for a, b in zip(after, before))
-    fwd = sum(a["routing"]["forwarded"] - b["routing"]["forwarded"] for a, b in zip(after, before))
-    hits = sum(a["routing"]["tree_hits"] - b["routing"]["tree_hits"] for a, b in zip(after, before))
+    def routing(key: str) -> int:  # a node without forwarding (--node-info: the session's) routes nothing
+        return sum(a["routing"].get(key, 0) - b["routing"].get(key, 0) for a, b in zip(after, before))
+
+    routed, fwd, hits = routing("requests"), routing("forwarded"), routing("tree_hits")
     served = {}
     for r in results:
         served[r["served_by"][:8]] = served.get(r["served_by"][:8], 0) + 1

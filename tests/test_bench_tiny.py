@@ -45,8 +45,8 @@ TINY: dict[str, tuple[str, int]] = {
 FILES = sorted(p.name for p in BENCH.glob("*.py"))
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _figures(name: str, done: subprocess.CompletedProcess) -> dict:
@@ -57,11 +57,11 @@ def _figures(name: str, done: subprocess.CompletedProcess) -> dict:
 
 
 @pytest.fixture(scope="module")
-def shared_engine_runs(tmp_path_factory) -> dict[str, dict]:
+def shared_engine_runs() -> dict[str, dict]:
     """The shared-engine benches' tiny runs, all on one engine started once."""
     names = [n for n, (kind, _) in TINY.items() if kind == SHARED_ENGINE]
     done = subprocess.run([sys.executable, "-m", "testkit.bench_engines", *names], cwd=ROOT,
-                          env=_env(tmp_path_factory.mktemp("bench-engines")), capture_output=True, text=True,
+                          env=_env(), capture_output=True, text=True,
                           timeout=max(TINY[n][1] for n in names), start_new_session=True)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"file"')]
@@ -75,7 +75,7 @@ def _param(name: str):
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in FILES])
-def test_every_bench_runs_its_tiny_mode_and_prints_one_json_line(name, tmp_path, request):
+def test_every_bench_runs_its_tiny_mode_and_prints_one_json_line(name, request):
     assert name in TINY, f"bench/{name} has no tiny mode here: give it one (seconds) and list it in TINY"
     kind, limit_s = TINY[name]
     if kind == SHARED_ENGINE:
@@ -86,7 +86,7 @@ def test_every_bench_runs_its_tiny_mode_and_prints_one_json_line(name, tmp_path,
         args = ["--tiny", *EXTRA.get(name, [])]
         if kind == SESSION_NODE:
             args += ["--node-info", str(request.getfixturevalue("model_node").home / "node.json")]
-        done = subprocess.run([sys.executable, str(BENCH / name), *args], cwd=ROOT, env=_env(tmp_path),
+        done = subprocess.run([sys.executable, str(BENCH / name), *args], cwd=ROOT, env=_env(),
                               capture_output=True, text=True, timeout=limit_s, start_new_session=True)
         figures = _figures(name, done)
     assert figures.get("bench") == name[:-3], figures
