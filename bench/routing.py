@@ -168,14 +168,15 @@ async def timed(stub, prompt: str | None, max_tokens: int, hops: int = 0,
     return {"latency": end - t0, "ttft": (first or end) - t0, "served_by": served_by, "times": times}
 
 
-async def measure_engine_cost(stub, rng: random.Random) -> dict:
-    """Prefill s/uncached token and decode s/token on node 0 (nothing else running)."""
+async def measure_engine_cost(stub, rng: random.Random, tiny: bool = False) -> dict:
+    """Prefill s/uncached token and decode s/token on node 0 (nothing else running); `tiny`:
+    one short pair and an 8-token decode (make test's run)."""
     short, long_ = [], []
-    for _ in range(3):  # fresh prose every time: nothing is cached
-        short.append((await timed(stub, prose(rng, 60), 1, hops=1))["ttft"])
-        long_.append((await timed(stub, prose(rng, 1500), 1, hops=1))["ttft"])
-    tok_short, tok_long = 60, 1500  # each of WORDS is one SmolLM2 token (checked with its tokenizer)
-    r = await timed(stub, "Count from 1 to 200 separated by commas: 1, 2, 3,", 96, hops=1)
+    tok_short, tok_long = (20, 120) if tiny else (60, 1500)  # each of WORDS is one SmolLM2 token (checked)
+    for _ in range(1 if tiny else 3):  # fresh prose every time: nothing is cached
+        short.append((await timed(stub, prose(rng, tok_short), 1, hops=1))["ttft"])
+        long_.append((await timed(stub, prose(rng, tok_long), 1, hops=1))["ttft"])
+    r = await timed(stub, "Count from 1 to 200 separated by commas: 1, 2, 3,", 8 if tiny else 96, hops=1)
     ts = r["times"]
     decode = (ts[-1] - ts[0]) / max(1, len(ts) - 1)
     return {"ttft_short_s": statistics.median(short), "ttft_long_s": statistics.median(long_),
@@ -243,7 +244,7 @@ async def run(args) -> dict:
         await group.wait_formed()
         kv_tokens = (await group.status(0))["routing"].get("kv_capacity_tokens")
         _progress(f"group formed in {time.monotonic() - t0:.0f} s; KV per node {kv_tokens} tokens")
-        cost = await measure_engine_cost(group.channels[0], rng)
+        cost = await measure_engine_cost(group.channels[0], rng, args.tiny)
         _progress(f"engine cost: {cost}")
         out = {"bench": "routing", "nodes": args.nodes, "model": MODEL, "kv_blocks_per_node": args.kv_blocks,
                "kv_tokens_per_node": kv_tokens, "tools": args.tools, "system_words": args.system_words,
