@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+# The commands of the README: `make demo`, `make check` (the fast tier) and `make test` (everything).
+# All set everything up first.
 PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -8,7 +9,7 @@ PYTEST_ARGS ?=
 # (tests/conftest.py groups them), everything else on the other. PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test proto bench sims clean
+.PHONY: setup demo check test proto bench sims clean
 
 setup: $(STAMP)
 
@@ -25,6 +26,10 @@ demo: setup
 	$(BIN)/python -m devnet.demo
 
 # pytest exits 5 when it collects no test: that is a failure here, never a green run.
+# The fast tier: no vLLM engine, no other process, no server, fewer schedules (tests/conftest.py).
+check: setup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --tier check $(PYTEST_ARGS)
+
 test: setup
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
@@ -36,6 +41,7 @@ sims: setup
 	$(BIN)/python -m sims.anonymity
 	$(BIN)/python -m sims.confidentiality
 	$(BIN)/python -m sims.churn
+	$(BIN)/python -m sims.linkability
 
 clean:
 	rm -rf $(VENV) build *.egg-info

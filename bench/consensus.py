@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from gentorrent.config import CONSENSUS, CONSENSUS_FAST  # noqa: E402
 from gentorrent.crypto.keys import Identity, OnionKey  # noqa: E402
-from gentorrent.crypto.tls import connect, make_self_signed  # noqa: E402
+from gentorrent.crypto.tls import connect  # noqa: E402
+from gentorrent.ledger.genesis import loopback_pow_nonce  # noqa: E402
 from gentorrent.wire import gentorrent_pb2 as pb  # noqa: E402
 from gentorrent.wire import gentorrent_pb2_grpc as rpc  # noqa: E402
 from testkit.committee import free_base_port  # noqa: E402
@@ -87,9 +88,9 @@ def registrations(n: int, chain_id: str) -> list[bytes]:
     out = []
     for k in range(n):
         ident = Identity.generate()
-        cert = make_self_signed(ident).cert_pem
         out.append(txlib.register_user(ident, f"127.0.0.1:{20000 + k}", OnionKey.generate().public_key,
-                                       cert, "bench", 1, chain_id=chain_id))
+                                       "bench", 1, chain_id=chain_id,
+                                       pow_nonce=loopback_pow_nonce(chain_id, ident.public_key)))
     return out
 
 

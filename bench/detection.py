@@ -14,7 +14,7 @@ Two stages, said out loud:
    several request shapes (single question, system prompt, multi-turn, pasted notes), at
    temperatures 0-1, top_p 1 or 0.9, 96 or 128 tokens, streamed or not. The honest node (the
    reference itself: independent samples of the honest model) answers --honest of them and each
-   `gt-model serve --dishonest KIND` answers --per-cheater; the reference scores every reply in
+   cheater (`python -m testkit.dishonest_model --dishonest KIND serve`) answers --per-cheater; the reference scores every reply in
    one teacher-forced pass. The raw token scores go to results/detection_cache/ (gitignored), so
    a change to the scoring is re-measured with --no-record in seconds.
 2. Resampling (pure): --runs runs of 35 epochs per node, one challenge per epoch drawn from ITS
@@ -89,10 +89,10 @@ class Served:
     def __init__(self, kind: str | None, env: dict | None = None) -> None:
         self.kind = kind
         self.home = Path(tempfile.mkdtemp(prefix=f"gt-detect-{kind or 'honest'}-"))
-        extra = ["--dishonest", kind] if kind else []
+        node = ["testkit.dishonest_model", "--dishonest", kind] if kind else ["model_node.cli"]
         self.log = open(self.home / "serve.out", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "model_node.cli", "serve", "--model", MODEL,
-                                      "--home", str(self.home), "--listen", "127.0.0.1:0", *extra],
+        self.proc = subprocess.Popen([sys.executable, "-m", *node, "serve", "--model", MODEL,
+                                      "--home", str(self.home), "--listen", "127.0.0.1:0"],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                                      env=env)
 
@@ -257,8 +257,8 @@ def selective_cheater() -> dict:
     Its text model learns challenges from the first third of those prompts; the lookup's and the
     detector's thresholds are set on the second third so that at most FALSE_ALARMS of them are
     taken for challenges (each half of that to the lookup); the last third measures it."""
-    from model_node.cheaters import corpus_lookup
-    from model_node.selective import ChallengeDetector
+    from testkit.cheaters import corpus_lookup
+    from testkit.selective import ChallengeDetector
     from testkit.cheater_training import (challenge_questions, cross_validate, operating_threshold, served_prompts,
                                           train_text_model)
 
@@ -381,7 +381,8 @@ class _Scored:
 
 
 def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: bool = True,
-               audits: AuditSim | None = None, audit_rng: random.Random | None = None) -> list[float]:
+               audits: AuditSim | None = None, audit_rng: random.Random | None = None,
+               per_epoch: int = 1, params=None) -> list[float]:
     """One node's reputation over `epochs`: one challenge per epoch drawn from its replies, through
     the committee's repeated-output memory, folded with that epoch's audits of its real replies
     (`audits`, None: challenges only), and the reputation update (FinalizeBlock's pure code).
@@ -396,16 +397,21 @@ def run_epochs(rows: list[dict], epochs: int, rng: random.Random, memory_on: boo
     if audits is not None and audit_rng is None:
         raise ValueError("audits need their own random source (audit_rng)")
     draws = np.random.default_rng(audit_rng.getrandbits(64)) if audit_rng is not None else None
-    state, memory, curve = rep.initial_state(REPUTATION), CommitteeMemory(), [REPUTATION.initial_reputation]
-    order = rng.sample(rows, len(rows)) if len(rows) >= epochs else [rng.choice(rows) for _ in range(epochs)]
-    for row in order[:epochs]:
-        prompt, output = bytes.fromhex(row["prompt_hash"]), bytes.fromhex(row["output_hash"])
-        cred = memory.judge("node", prompt, output, row["temperature"], _Scored(row["tokens"], row["credibility"],
-                                                                                row["log_prob_bound"])) \
-            if memory_on else row["credibility"]
+    params = params or REPUTATION
+    state, memory, curve = rep.initial_state(params), CommitteeMemory(), [params.initial_reputation]
+    wanted = epochs * per_epoch
+    order = rng.sample(rows, len(rows)) if len(rows) >= wanted else [rng.choice(rows) for _ in range(wanted)]
+    for t in range(epochs):
+        creds = []
+        for row in order[t * per_epoch:(t + 1) * per_epoch]:
+            prompt, output = bytes.fromhex(row["prompt_hash"]), bytes.fromhex(row["output_hash"])
+            creds.append(memory.judge("node", prompt, output, row["temperature"],
+                                      _Scored(row["tokens"], row["credibility"], row["log_prob_bound"]))
+                         if memory_on else row["credibility"])
+        cred = rep.robust_credibility(creds, params)  # one challenge: that challenge's score
         if audits is not None and audit_rng is not None and draws is not None:
             cred = audits.credibility(cred, audit_rng, draws)
-        state = rep.update(state, cred, REPUTATION)
+        state = rep.update(state, cred, params)
         curve.append(state.reputation)
     return curve
 
@@ -510,6 +516,152 @@ def _trusted_count(rows: list[dict], sim: AuditSim, params, epochs: int, seed: s
         state = rep.update(state, cred, params)
         count += not state.untrusted
     return count
+
+
+# --------------------------------------------------------------------------- the robust rule (modelled)
+
+PER_EPOCH = 6  # challenges per node and epoch under the robust rule (the epoch machine is to send them)
+HONEST_ABNORMAL = 0.02  # the per-reply abnormal rate an honest node must survive untrusted-free
+
+
+def robust_rule(scored: dict[str, list[dict]], epochs: int, runs: int, seed: int, per_epoch: int = PER_EPOCH,
+                abnormal: float = HONEST_ABNORMAL) -> dict:
+    """Honest runs ever untrusted at a per-reply abnormal rate `abnormal`, and epochs to untrusted
+    per cheater kind, under: today's rule (one challenge an epoch), `per_epoch` challenges judged
+    by their lowest score, and `per_epoch` challenges judged by robust_credibility (the lowest
+    ignored). Challenges only (no audits): the rule's own effect."""
+    from gentorrent.config import REPUTATION
+
+    honest = _honest_at_rate(scored.get("honest", []), abnormal)
+    nodes = {"honest": honest, **{k: v for k, v in scored.items() if k != "honest"}}
+    variants = {"one_challenge": (1, REPUTATION),
+                f"{per_epoch}_challenges_lowest": (per_epoch, replace(REPUTATION, outliers_ignored=0)),
+                f"{per_epoch}_challenges_robust": (per_epoch, REPUTATION)}
+    below = _untrusted_below()
+    out: dict = {"per_epoch": per_epoch, "honest_abnormal_rate": abnormal, "runs": runs, "epochs": epochs}
+    for name, (m, params) in variants.items():
+        res = {}
+        for label, rows in nodes.items():
+            if not rows:
+                continue
+            rng = random.Random(f"{seed}/robust/{label}")
+            values = [epochs_until_untrusted(run_epochs(rows, epochs, rng, True, per_epoch=m, params=params), below)
+                      for _ in range(runs)]
+            d = distribution(values, epochs)
+            res[label] = ({"ever_untrusted": runs - d["never"]} if label == "honest"
+                          else {"within_5": d["within_5"], "median": d["median"], "never": d["never"]})
+        out[name] = res
+    return out
+
+
+# --------------------------------------------------------------------------- the strongest selective cheater (modelled)
+
+#: What tells a challenge from a user's ask on today's code (measured from outside on main, else
+#: assumptions marked so), and the defence that takes each away. A FILTER marks real asks only
+#: (a request with it is surely not a challenge): the share of real asks it marks. A FLAG marks
+#: challenges: (share of challenges, share of real asks) it marks.
+FILTERS = {  # name: (share of real asks marked, defence)
+    "fields": (0.25, "profiles"),  # seed / stop / top_k / completions prompt: never in a challenge (share assumed)
+    "sampling_values": (0.30, "profiles"),  # a temperature / top_p / max_tokens off the challenges' 10 / 4 / 9 values (assumed)
+    "probing_window": (0.75, "times"),  # challenges arrive only in the public probing phase (~1/4 of an epoch, assumed)
+}
+FLAGS = {  # name: (share of challenges, share of real asks, defence)
+    "corpus_lookup": (1.0, 0.001, "composed"),  # 800 of 800 challenges, 1 of 1,067 real prompts (measured)
+    "foreign_history": (0.53, 0.01, "sessions"),  # turns it never wrote; real follow-ups come back to their writer
+    "long_assistant_turn": (0.38, 0.0, "sessions"),  # an assistant turn longer than the API's default reply
+}
+DEFENCES = ("composed", "sessions", "profiles", "times", "robust")
+ASKS = (0, 1, 5, 20, 200)
+MIN_CHEATING = 0.5  # a cheater that answers more than half of its users honestly saves too little
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the cheater answers: honestly on a share `tpr` of challenges and `fpr` of real asks."""
+
+    name: str
+    tpr: float
+    fpr: float
+
+
+def cheater_policies(defences: frozenset[str], composed_caught: float = 0.05,
+                     composed_false: float = 0.01) -> list[Policy]:
+    """The cheater's options given which defences are on: be honest on what the remaining filters
+    let through (`passed`), or only on what the remaining flags mark among it; or, with nothing
+    left, honest on a random half. A defended flag marks challenges as often as the realism bench
+    measured (`composed_caught` of challenges at `composed_false` of real prompts) or not at all."""
+    passed_real = 1.0
+    for share, defence in FILTERS.values():
+        if defence not in defences:
+            passed_real *= 1.0 - share
+    miss_c, miss_r = 1.0, 1.0
+    for name, (tpr, fpr, defence) in FLAGS.items():
+        if defence in defences:
+            tpr, fpr = (composed_caught, composed_false) if name == "corpus_lookup" else (0.0, 0.0)
+        miss_c *= 1.0 - tpr
+        miss_r *= 1.0 - fpr
+    options = [Policy("honest on what the filters pass", 1.0, passed_real),
+               Policy("honest on flagged requests", 1.0 - miss_c, passed_real * (1.0 - miss_r)),
+               Policy("honest on a random half", 0.5, 0.5)]
+    return [p for p in options if p.fpr <= 1.0 - MIN_CHEATING] or [options[-1]]
+
+
+def strongest_selective(scored: dict[str, list[dict]], epochs: int, runs: int, seed: int,
+                        composed_caught: float = 0.05) -> dict:
+    """Epochs to untrusted of the strongest selective cheater, per real asks per node and epoch
+    (ASKS) and per set of defences: none (today's code), each alone, all. For each, the cheater
+    takes the policy that keeps it trusted longest. Its cheap replies are the `random` kind's
+    recorded ones, its honest ones the honest node's; audits at the committee's rate."""
+    honest = [r["credibility"] for r in scored.get("honest", [])]
+    cheap = [r["credibility"] for r in scored.get("random", [])]
+    if not honest or not cheap:
+        return {}
+    sets = {"none": frozenset(), **{d: frozenset({d}) for d in DEFENCES}, "all": frozenset(DEFENCES)}
+    out: dict = {"asks_per_node_epoch": list(ASKS), "runs": runs, "epochs": epochs, "audit_rate": AUDITS.rate,
+                 "filters": {k: v[0] for k, v in FILTERS.items()},
+                 "flags": {k: [v[0], v[1]] for k, v in FLAGS.items()}, "by_defences": {}}
+    for name, defences in sets.items():
+        per_asks = {}
+        for asks in ASKS:
+            best = None
+            for policy in cheater_policies(defences, composed_caught):
+                values = [_selective_run(policy, honest, cheap, asks, epochs, "robust" in defences,
+                                         f"{seed}/sel/{name}/{asks}/{policy.name}/{r}") for r in range(runs)]
+                d = distribution(values, epochs)
+                mean = sum(epochs + 1 if v is None else v for v in values) / len(values)
+                if best is None or mean > best[0]:
+                    best = (mean, policy, d)
+            _, policy, d = best
+            per_asks[str(asks)] = {"policy": policy.name, "cheats_on": round(1 - policy.fpr, 3),
+                                   "within_5": d["within_5"], "median": d["median"], "never": d["never"]}
+        out["by_defences"][name] = per_asks
+    return out
+
+
+def _selective_run(policy: Policy, honest: list[float], cheap: list[float], asks: int, epochs: int,
+                   robust: bool, seed: str) -> int | None:
+    """One run: each epoch its challenges (PER_EPOCH under the robust rule, else one), each answered
+    honestly with probability tpr, folded with audits of its real asks (honest with probability fpr)."""
+    import numpy as np
+
+    from gentorrent.config import REPUTATION
+    from verifier.epochs import reputation as rep
+
+    rng = random.Random(seed)
+    draws = np.random.default_rng(rng.getrandbits(64))
+    sim = AuditSim(AUDITS.rate, asks, RealTraffic(tuple(cheap), tuple(honest), policy.fpr)) if asks else None
+    params = REPUTATION if robust else replace(REPUTATION, outliers_ignored=0)
+    state = rep.initial_state(params)
+    for t in range(1, epochs + 1):
+        creds = [rng.choice(honest) if rng.random() < policy.tpr else rng.choice(cheap)
+                 for _ in range(PER_EPOCH if robust else 1)]
+        cred = rep.robust_credibility(creds, params)
+        if sim is not None:
+            cred = sim.credibility(cred, rng, draws)
+        state = rep.update(state, cred, params)
+        if state.reputation < params.untrusted_below:
+            return t
+    return None
 
 
 def _untrusted_below() -> float:
@@ -640,11 +792,27 @@ def analyse(specs: list[dict], kinds: list[str], epochs: int, runs: int, seed: i
         "trusted_epochs_audited_only_while_trusted": trusted_epochs(scored, epochs, runs, seed, asks_per_epoch, flagged),
         "goal_met_without_audits": _goal(cheaters, dists),
         "goal_met": _goal(with_audits, audited),
+        "robust_rule": robust_rule(scored, epochs, runs, seed),
+        "strongest_selective_cheater": strongest_selective(scored, epochs, max(20, runs // 5), seed,
+                                                           _composed_caught()),
         "selective_cheater": selective,
         "figure": str(FIGURE.relative_to(ROOT)), "resampled_from_recorded_scores": True,
         "scores_from": "recordings" if from_cache else SCORES.name,
         "audit_fold": {"honest_abnormal_bound": AUDITS.honest_abnormal_bound, "honest_alpha": AUDITS.honest_alpha},
     }
+
+
+def _composed_caught() -> float:
+    """The share of composed challenges the best lookup or the classifier catches at 1 % false
+    alarms, as bench/challenge_realism.py last measured it (results/challenge_realism.json)."""
+    composed = ROOT / "results" / "challenge_realism_composed.json"  # `--sets composed`, when measured
+    path = composed if composed.exists() else ROOT / "results" / "challenge_realism.json"
+    try:
+        result = json.loads(path.read_text())
+        caught = [r["caught_at_1pct_false_alarms"] for r in result["lookups"]["composed"].values()]
+        return max([*caught, result["composed"]["caught_at_1pct"]])
+    except (OSError, KeyError, ValueError):
+        return 0.05  # the goal, when the realism bench has not measured composed challenges
 
 
 def _recorded(labels: list[str]) -> tuple[dict[str, list[dict]], dict | None]:

@@ -174,7 +174,7 @@ async def run(args: argparse.Namespace) -> dict:
             if await me.paths.fill() >= PATHS:
                 break
         assert len(me.paths.pool.paths) >= PATHS, "could not build 4 paths"
-        cert = Path(work / "model0" / tls.CERT_FILE).read_bytes()
+        cert = Path(work / "model0" / tls.PIN_FILE).read_bytes()
         channel = await tls.connect(model_info["address"], cert)
         stub = rpc.ModelNodeStub(channel)
         roles = {"asker": [0], "relays": [p.pid for p in relays], "model_node": [m.pid for m in models]}
@@ -442,26 +442,26 @@ async def _bare_chain(work: Path, messages: int, clove_bytes: int, spacing_s: fl
     base = work / "bare"
     sink_tls = bare_chain.make_identity(base / "sink")
     source_tls = bare_chain.make_identity(base / "source")
-    hops = [[bare_chain.make_identity(base / f"p{p}h{h}") for h in range(HOPS)] for p in range(PATHS)]
-    roots = b"".join([source_tls.cert_pem, sink_tls.cert_pem] + [t.cert_pem for path in hops for t in path])
+    for p in range(PATHS):
+        for h in range(HOPS):
+            bare_chain.make_identity(base / f"p{p}h{h}")
     arrived: list[float] = []
     source = bare_chain.BareSource()
     source.expected = PATHS
-    server, port = tls.new_server(source_tls, "127.0.0.1:0", client_roots=lambda: roots)
+    server, port = tls.new_server(source_tls, "127.0.0.1:0", identify_callers=True)  # as a relay's
     rpc.add_RelayServicer_to_server(source, server)
     await server.start()
     sink = bare_chain.BareSink(sink_tls, lambda frame: arrived.append(time.perf_counter()))
     procs = []
     try:
         for p in range(PATHS):
-            next_address, next_cert = f"127.0.0.1:{port}", base / "source" / tls.CERT_FILE
+            next_address, next_cert = f"127.0.0.1:{port}", base / "source" / tls.PIN_FILE
             for h in reversed(range(HOPS)):  # from the source's side: each hop dials the one before it
                 d = base / f"p{p}h{h}"
-                (d / "roots.pem").write_bytes(roots)
                 proc = _spawn(["-m", "testkit.bare_chain", "--dir", str(d), "--next-address", next_address,
                                "--next-cert", str(next_cert)], base / f"p{p}h{h}.log")
                 procs.append(proc)
-                next_address, next_cert = json.loads(proc.stdout.readline())["address"], d / tls.CERT_FILE
+                next_address, next_cert = json.loads(proc.stdout.readline())["address"], d / tls.PIN_FILE
             await sink.dial(next_address, next_cert.read_bytes())
         await asyncio.wait_for(source.opened.wait(), 30)
 

@@ -246,6 +246,7 @@ SCENARIOS: list[Scenario] = [
     _adversary("adv_peer_quota", "an attacker fills a relay's per-peer quota, then the victim builds"),
     _adversary("adv_model_amplify", "a stranger, then a proxy naming 16 routes, submit to a model node"),
     _adversary("adv_position_timing", "every relay times hop-local acks (and reply delays) to guess its position"),
+    _adversary("adv_position_alone", "each relay alone, with the model node, guesses hop 1 from frames, reply delay, establishment"),
     _adversary("adv_reply_linking", "the model node links asks by their reply routes"),
     _adversary("adv_sizes_tokens", "relays read prompt length from sizes, token counts from reply cloves"),
     _adversary("adv_address_hijack", "the model node's and a relay's addresses registered by an attacker"),

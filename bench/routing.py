@@ -113,7 +113,7 @@ class Group:
             keys = NodeKeys.load_or_create(home)
             registry.add_model(ModelRecord(bytes.fromhex(info["node_id"]), bytes.fromhex(info["public_key"]),
                                            info["address"], MODEL, keys.onion.public_key,
-                                           Path(info["cert_file"]).read_bytes(), capacity=info["capacity"]))
+                                           capacity=info["capacity"]))
 
     async def connect(self) -> None:
         for info in self.info:

@@ -83,7 +83,7 @@ def step(n: int | str, title: str) -> None:
 
 def reputation_table(state: devnet.DevnetState) -> list[dict]:
     """One row per model node, as the committee's certified directory has it."""
-    directory = asyncio.run(devnet.committee_directory(Path(state.genesis)))
+    directory = asyncio.run(devnet.committee_directory(Path(state.genesis), devnet.node_ids(state)))
     certified = {m.node_id.hex(): m for m in directory.models}
     rows = []
     for m in state.of_role("model"):
@@ -201,7 +201,7 @@ def ask_after_verdict(state: devnet.DevnetState, root: Path, question: str) -> d
     verdict, ask: the untrusted node is no longer a candidate."""
     from devnet.supervisor import wait_until
 
-    verdict_height = asyncio.run(devnet.committee_directory(Path(state.genesis))).height
+    verdict_height = asyncio.run(devnet.committee_directory(Path(state.genesis), devnet.node_ids(state))).height
     user = 2 % len(state.of_role("user"))
     asker = state.of_role("user")[user]
     wait_until(lambda: devnet.user_status(asker)["directory_height"] >= verdict_height, 60,

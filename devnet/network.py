@@ -8,10 +8,11 @@
 The devnet runs what a deployment runs, and shares nothing but the committee's genesis file:
 `up` makes the committee's homes and genesis (`gt-verifier init`), starts the vLLM engines in
 parallel (the verifiers' shared reference engine and the model nodes: honest ones serve
-`smollm2-135m`; the dishonest one, `gt-model serve --dishonest pruned`, serves half the
-layers of the same weights while claiming the same name, as a cheating volunteer would),
-starts the verifiers (verification epochs on) once the reference engine serves, and starts
-the user nodes. Every model and user node gets `--committee GENESIS` and nothing else: it
+`smollm2-135m`; the dishonest one, `gt-model serve` with the `pruned` cheater plugged in
+(testkit/dishonest_model.py), serves half the layers of the same weights while claiming the
+same name, as a cheating volunteer would),
+starts the verifiers (verification epochs on) once the reference engine serves, and the user
+nodes as soon as the committee commits (while the engines still load). Every model and user node gets `--committee GENESIS` and nothing else: it
 registers itself with a signed transaction, waits until the committee's light-client-checked
 directory lists it, renews its lease, and works from that directory alone (the clove intake's
 proxies, the model group it forwards and gossips in, every peer's pinned certificate). `up`
@@ -44,11 +45,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from gentorrent.cli import Parser, UsageError, committee_size_note, float_in, int_in, run
+from gentorrent.cli import (EXIT_FAILED, EXIT_NO_NODE, EXIT_USAGE, Parser, UsageError, committee_size_note, float_in,
+                            int_in, run)
 from gentorrent.config import CLOVES, DEVNET, MODEL_NODE, DevnetParams
+from devnet.placement import COMMITTEE_BASE_PORT, DASHBOARD_PORT, Loopback, OnWan
+from devnet.wan.emulator import READY_FILE
+from devnet.wan.emulator import control as wan_control
 from devnet.supervisor import STATE_FILE as PROCESSES_FILE
 from devnet.supervisor import (Supervisor, free_port_block, python_module, recorded, running, stop_recorded,
                                    wait_until)
+from devnet.wan import namespaces as wan_namespaces
+from devnet.wan import profiles as wan_profiles
 
 DEFAULT_ROOT = Path(os.environ.get("GT_DEVNET_ROOT", "var/devnet"))
 STATE = "devnet.json"
@@ -56,6 +63,7 @@ CHAIN_ID = "gentorrent-devnet"
 HOST = "127.0.0.1"
 
 Progress = Callable[[str], None]
+Placement = Loopback | OnWan
 
 
 def say(text: str) -> None:
@@ -78,7 +86,12 @@ def _throttled(progress: Progress, every_s: float = 15.0) -> Progress:
 
 
 class DevnetError(RuntimeError):
-    """The devnet cannot be brought up, or is not up."""
+    """The devnet cannot be brought up, or is not up; `code` is the exit status it means
+    (gentorrent.cli: 1 it failed, 2 a bad argument, 3 no devnet there or nothing answers)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -100,6 +113,7 @@ class DevnetState:
     started_at: float = 0.0
     ready_s: float = 0.0
     epochs: bool = False  # the verifiers run verification epochs
+    wan: dict = field(default_factory=dict)  # on the emulated WAN: profile, namespaces' prefix, operator's
 
     def of_role(self, role: str) -> list[NodeInfo]:
         return [n for n in self.nodes if n.role == role]
@@ -122,7 +136,7 @@ class DevnetState:
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise DevnetError(f"no devnet at {root} (run `gt-devnet up --root {root}` first)") from exc
+            raise DevnetError(f"no devnet at {root} (run `gt-devnet up --root {root}` first)", EXIT_NO_NODE) from exc
         doc["nodes"] = [NodeInfo(**n) for n in doc["nodes"]]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in doc.items() if k in known})  # (a devnet.json of an older build)
@@ -159,7 +173,7 @@ def _http_json(url: str, body: dict | None = None, timeout: float = 10.0) -> dic
         raise DevnetError(f"{url}: HTTP {exc.code}: {message}") from exc
     except (urllib.error.URLError, OSError) as exc:  # the node is down (the devnet was stopped, or crashed)
         raise DevnetError(f"nothing answers at {url} ({getattr(exc, 'reason', exc)}): is the devnet up? "
-                          "`gt-devnet status` shows what runs") from None
+                          "`gt-devnet status` shows what runs", EXIT_NO_NODE) from None
 
 
 # --------------------------------------------------------------------------- committee
@@ -182,20 +196,62 @@ async def verifier_status(home: Path, address: str, timeout: float = 5.0) -> dic
     return {"height": reply.height, "peers": len(reply.peers), "detail": json.loads(reply.json or "{}")}
 
 
-async def committee_directory(genesis_path: Path, timeout: float = 10.0):
-    """The light-client-checked directory (gentorrent.ledger.light_client); raises DirectoryRejected."""
-    from gentorrent.ledger.light_client import fetch_from_committee
+@dataclass(frozen=True)
+class CommitteeView:
+    """What the committee certifies about this devnet's own nodes (looked up one by one, with
+    proofs, as any node looks up a peer: nobody downloads the whole registry)."""
+
+    height: int
+    users: tuple
+    models: tuple
+
+    def model(self, node_id: bytes):
+        return next((m for m in self.models if m.node_id == node_id), None)
+
+    def user(self, node_id: bytes):
+        return next((u for u in self.users if u.node_id == node_id), None)
+
+
+def node_ids(state: "DevnetState") -> list[bytes]:
+    """The node ids of this devnet's user and model nodes, and of the verifiers' probing users."""
+    from gentorrent.crypto.keys import NodeKeys
+    from verifier.epochs.wiring import PROBE_HOME
+
+    homes = [Path(n.home) for n in state.nodes if n.role in ("user", "model", REFERENCE)]
+    homes += [Path(v.home) / PROBE_HOME for v in state.of_role("verifier")]
+    return [NodeKeys.load_or_create(h).identity.node_id for h in homes if (h / NodeKeys.IDENTITY_FILE).exists()]
+
+
+async def committee_directory(genesis_path: Path, ids: list[bytes], timeout: float = 10.0) -> CommitteeView:
+    """The light-client-checked records of `ids`; raises DirectoryRejected."""
+    from gentorrent.ledger import queries
     from gentorrent.ledger.genesis import Genesis
+    from gentorrent.ledger.light_client import committee_reader
 
-    return await fetch_from_committee(Genesis.load(genesis_path), timeout=timeout)
+    reader = committee_reader(Genesis.load(genesis_path), timeout)
+    users, models, height = [], [], 0
+    try:
+        for node_id in ids:
+            for query, out in ((queries.UserLookup(node_id), users), (queries.ModelLookup(node_id), models)):
+                answer = await reader.ask(query)
+                height = max(height, answer.height)
+                if answer.result is not None:
+                    out.append(answer.result)
+    finally:
+        await reader.close()
+    return CommitteeView(height, tuple(users), tuple(models))
 
 
-def _init_committee(root: Path, count: int) -> Path:
+def _init_committee(root: Path, count: int, place: Placement) -> Path:
     """Homes, keys and one genesis for the committee (`gt-verifier init`); the genesis file."""
-    base = _free_ports(count)
+    if place.wan is None:
+        hosts = ["--host", HOST, "--base-port", str(_free_ports(count))]
+    else:  # each member on its own host, as on separate machines; still a devnet: a light proof
+        # of work (the production one costs every node minutes of CPU), no prefix rules
+        hosts = ["--hosts", ",".join(place.host(f"v{i}") for i in range(count)),
+                 "--base-port", str(COMMITTEE_BASE_PORT), "--registry", "devnet"]
     out = subprocess.run(python_module("verifier.cli", "init", "--validators", str(count), "--out",
-                                       str(root / "committee"), "--chain-id", CHAIN_ID, "--host", HOST,
-                                       "--base-port", str(base)),
+                                       str(root / "committee"), "--chain-id", CHAIN_ID, *hosts),
                          capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise DevnetError(f"gt-verifier init failed: {out.stderr.strip()}")
@@ -208,18 +264,19 @@ def _audit_rate_args(rate: float | None) -> list[str]:
 
 
 def _start_committee(sup: Supervisor, root: Path, shape: DevnetParams, progress: Progress,
-                     dashboards: bool, reference: NodeInfo | None) -> list[NodeInfo]:
+                     dashboards: bool, reference: NodeInfo | None, place: Placement) -> list[NodeInfo]:
     from gentorrent.ledger.genesis import Genesis
 
     genesis = Genesis.load(root / "committee" / "v0" / "genesis.json")
     nodes = []
     count = shape.verifiers
     for i in range(count):
-        home = root / "committee" / f"v{i}"
+        name = f"v{i}"
+        home = root / "committee" / name
         argv = python_module("verifier.cli", "start", "--home", str(home))
         if reference is not None:  # every member scores with the one shared reference engine and
             # probes through a user node of its own, registered with the committee like any other
-            argv += ["--epochs", "--reference-model", reference.address,
+            argv += ["--epochs", "--reference-model", reference.address, "--probe-listen", f"{place.host(name)}:0",
                      "--reference-cert", reference.extra["cert_file"],
                      "--challenge-spread-s", str(shape.challenge_spread_s),
                      "--challenge-max-tokens", str(shape.challenge_max_tokens),
@@ -227,12 +284,12 @@ def _start_committee(sup: Supervisor, root: Path, shape: DevnetParams, progress:
             argv += _audit_rate_args(shape.audit_rate)
         extra = {}
         if dashboards:
-            port = _free_ports(1)
-            argv += ["--dashboard", f"{HOST}:{port}"]
-            extra["dashboard"] = f"http://{HOST}:{port}/"
-            extra["metrics"] = f"http://{HOST}:{port}/metrics"
-        sup.spawn(f"verifier-v{i}", argv)
-        nodes.append(NodeInfo(f"v{i}", "verifier", str(home), genesis.validators[i].address, extra=extra))
+            host, port = place.local(name), DASHBOARD_PORT if place.wan else _free_ports(1)
+            argv += ["--dashboard", f"{host}:{port}"]
+            extra["dashboard"] = f"http://{host}:{port}/"
+            extra["metrics"] = f"http://{host}:{port}/metrics"
+        sup.spawn(f"verifier-{name}", argv, via=place.via(name))
+        nodes.append(NodeInfo(name, "verifier", str(home), genesis.validators[i].address, extra=extra))
     progress(f"committee: {count} verifiers started ({nodes[0].address}..{nodes[-1].address}"
              f"{', verification epochs on' if reference else ', no verification epochs'}), waiting for blocks")
 
@@ -273,12 +330,12 @@ REFERENCE = "reference"  # the verifiers' shared reference engine (its node name
 def _engine_plan(shape: DevnetParams, reference: bool) -> list[tuple[str, str | None]]:
     """(name, dishonest kind or None) of every engine to start, the reference engine first:
     the committee starts as soon as it serves."""
-    from model_node.cheaters import KINDS
+    from testkit.cheaters import KINDS
 
     kinds = [k.strip() for k in shape.dishonest_variant.split(",")]
     unknown = [k for k in kinds if k not in KINDS]
     if shape.dishonest_models and unknown:
-        raise DevnetError(f"unknown dishonest kind {unknown[0]!r}; one of {', '.join(KINDS)}")
+        raise DevnetError(f"unknown dishonest kind {unknown[0]!r}; one of {', '.join(KINDS)}", EXIT_USAGE)
     plan: list[tuple[str, str | None]] = [(REFERENCE, None)] if reference else []
     plan += [(f"honest{i}", None) for i in range(shape.honest_models)]
     plan += [(f"dishonest{i}", kinds[i % len(kinds)]) for i in range(shape.dishonest_models)]
@@ -286,23 +343,27 @@ def _engine_plan(shape: DevnetParams, reference: bool) -> list[tuple[str, str | 
 
 
 def _start_network(sup: Supervisor, root: Path, genesis: Path, shape: DevnetParams, progress: Progress,
-                   dashboards: bool, reference_at: NodeInfo | None, epochs: bool) -> tuple[list, list]:
+                   dashboards: bool, reference_at: NodeInfo | None, epochs: bool,
+                   place: Placement, on_committee: Callable[[], None] = lambda: None) -> tuple[list, list]:
     """The engines, `shape.parallel_model_starts` at a time, and the committee as soon as the
     reference engine serves; model nodes register themselves once the committee answers.
-    Returns (verifiers, engines)."""
+    `on_committee` runs once the committee commits (the user nodes start then, while the
+    engines are still loading). Returns (verifiers, engines)."""
     plan = _engine_plan(shape, reference=epochs and reference_at is None)
     verifiers: list[NodeInfo] = []
     engines: list[NodeInfo] = []
 
     def committee(reference: NodeInfo | None) -> None:
-        verifiers.extend(_start_committee(sup, root, shape, progress, dashboards, reference if epochs else None))
+        verifiers.extend(_start_committee(sup, root, shape, progress, dashboards, reference if epochs else None,
+                                          place))
+        on_committee()
 
     if not plan or plan[0][0] != REFERENCE:
         committee(reference_at)  # nothing to wait for: the model nodes register as soon as they serve
     batch = max(1, shape.parallel_model_starts)
     for first in range(0, len(plan), batch):
         part = plan[first:first + batch]
-        _spawn_engines(sup, root, part, genesis, progress, shape)
+        _spawn_engines(sup, root, part, genesis, progress, shape, place)
         if part[0][0] == REFERENCE:
             engines += _wait_engines(sup, root, part[:1], shape, progress)
             committee(engines[0])
@@ -312,13 +373,22 @@ def _start_network(sup: Supervisor, root: Path, genesis: Path, shape: DevnetPara
 
 
 def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progress: Progress,
-                   shape: DevnetParams) -> None:
+                   shape: DevnetParams, place: Placement) -> None:
     for name, cheat in plan:
-        argv = python_module("model_node.cli", "serve", "--model", MODEL_NODE.default_model,
-                             "--home", str(root / "models" / name), "--listen", f"{HOST}:0",
-                             "--capacity", str(MODEL_NODE.default_capacity), "--metrics", f"{HOST}:0")
-        if cheat is not None:  # claims the default model, serves something cheaper (cheaters.py)
-            argv += ["--dishonest", cheat]
+        if shape.echo_models and name != REFERENCE:  # the overlay's stand-in: real intake, keys, receipts
+            sup.spawn(f"model-{name}", python_module(
+                "testkit.echo_model", "--home", str(root / "models" / name), "--committee", str(genesis),
+                "--model", MODEL_NODE.default_model, *place.listen(name)),
+                via=place.via(name))
+            progress(f"model nodes: starting {name} (the echo stand-in: real clove intake, keys and receipts, "
+                     "an engine that echoes), then it registers itself")
+            continue
+        # a cheater: the same `gt-model serve` code with a cheater plugged in (testkit/dishonest_model.py);
+        # it claims the default model and serves something cheaper
+        node = ("model_node.cli",) if cheat is None else ("testkit.dishonest_model", "--dishonest", cheat)
+        argv = python_module(*node, "serve", "--model", MODEL_NODE.default_model,
+                             "--home", str(root / "models" / name), *place.listen(name),
+                             "--capacity", str(MODEL_NODE.default_capacity), "--metrics", f"{place.local(name)}:0")
         if name != REFERENCE:  # the reference engine is no member of the overlay
             argv += ["--committee", str(genesis)]
         what = ("the verifiers' shared reference engine" if name == REFERENCE
@@ -328,7 +398,7 @@ def _spawn_engines(sup: Supervisor, root: Path, plan: list, genesis: Path, progr
         env = {"VLLM_CPU_KVCACHE_SPACE": str(MODEL_NODE.cpu_kv_cache_gib)}
         if cheat == "selective":  # the cheater knows what the devnet publishes: its challenges' reply cap
             env["GT_SELECTIVE_CHALLENGE_MAX_TOKENS"] = str(shape.challenge_max_tokens)
-        sup.spawn(f"model-{name}", argv, env=env)
+        sup.spawn(f"model-{name}", argv, env=env, via=place.via(name))
 
 
 def _wait_engines(sup: Supervisor, root: Path, plan: list, shape: DevnetParams,
@@ -365,18 +435,25 @@ def verifiers_run_epochs() -> bool:
 # --------------------------------------------------------------------------- user nodes
 
 
-def _start_users(sup: Supervisor, root: Path, genesis: Path, count: int, progress: Progress,
-                 audit_rate: float | None = None) -> list[NodeInfo]:
+def _spawn_users(sup: Supervisor, root: Path, genesis: Path, count: int, progress: Progress,
+                 audit_rate: float | None = None, place: Placement = Loopback()) -> list[NodeInfo]:
+    """Start `count` user nodes (each registers itself); `_wait_users` waits for them."""
     nodes = []
     for i in range(count):
         name = f"u{i:02d}"
         home = root / "users" / name
         home.mkdir(parents=True, exist_ok=True)
         argv = python_module("user_client.cli", "start", "--home", str(home), "--committee", str(genesis),
-                             "--listen", f"{HOST}:0", "--api-listen", f"{HOST}:0") + _audit_rate_args(audit_rate)
-        sup.spawn(f"user-{name}", argv)
+                             *place.listen(name), "--api-listen", f"{place.local(name)}:0") \
+            + _audit_rate_args(audit_rate)
+        sup.spawn(f"user-{name}", argv, via=place.via(name))
         nodes.append(NodeInfo(name, "user", str(home)))
     progress(f"user nodes: {count} started, each registering itself with the committee")
+    return nodes
+
+
+def _wait_users(sup: Supervisor, nodes: list[NodeInfo], progress: Progress) -> list[NodeInfo]:
+    count = len(nodes)
     names = [f"user-{n.name}" for n in nodes]
     _wait_alive(sup, names, lambda: all((Path(n.home) / "node.json").exists() for n in nodes),
                 DEVNET.node_start_timeout_s, f"{count} user nodes to register and listen", progress,
@@ -399,6 +476,22 @@ def _paths_ready(users: list[NodeInfo]) -> bool:
 
 def _users_with_paths(users: list[NodeInfo]) -> int:
     return sum(user_status(u)["paths"].get("usable", 0) >= CLOVES.n for u in users)
+
+
+def _paths_progress(users: list[NodeInfo]) -> str:
+    """How many user nodes are ready, and what holds back the others (their path status)."""
+    behind = []
+    for u in users:
+        try:
+            p = user_status(u)["paths"]
+        except Exception as exc:  # noqa: BLE001 - a node still starting: say so
+            behind.append(f"{u.name}: no status ({type(exc).__name__})")
+            continue
+        if p.get("usable", 0) < CLOVES.n:
+            behind.append(f"{u.name}: {p.get('usable', 0)} usable, {p.get('built', 0)} built, "
+                          f"{p.get('build_failures', 0)} failed, {p.get('relays_known', '?')} relays known"
+                          + (f", last error {p['last_error']}" if p.get("last_error") else ""))
+    return f"{len(users) - len(behind)} of {len(users)} ready" + (f" ({'; '.join(behind)})" if behind else "")
 
 
 def _engine_stages(sup: Supervisor, homes: dict[str, Path]) -> str:
@@ -435,55 +528,132 @@ def up(root: Path = DEFAULT_ROOT, shape: DevnetParams = DEVNET, progress: Progre
 
     `reference_at` (address, certificate file) names an honest model node already running on
     this machine for the verifiers to score with, instead of starting a reference engine
-    (the tests pass their session's model node: one vLLM engine less)."""
+    (the tests pass their session's model node: one vLLM engine less).
+
+    With `shape.wan` (a profile of devnet.wan.profiles) every node runs in its own network
+    namespace on the emulated WAN, and this process moves into the operator's namespace to
+    watch them: call it from a process of its own (`gt-devnet up --wan`), never from one that
+    has other work on the machine's network."""
     root = Path(root).resolve()
     progress = _throttled(progress)
     _engine_plan(shape, reference=False)  # an unknown cheater kind stops here, before anything starts
+    if shape.echo_models and shape.dishonest_models:
+        raise DevnetError("echo stand-ins are honest: --echo needs --dishonest 0")
+    if shape.wan:
+        wan_profiles.profile(shape.wan)  # an unknown profile too
+        if reference_at is not None:
+            raise DevnetError("a WAN devnet starts its own reference engine in a namespace: no reference_at")
     alive = running(root)
     if alive:
         raise DevnetError(f"a devnet is already running under {root} ({len(alive)} processes); "
-                          f"`gt-devnet down --root {root}` first")
+                          f"`gt-devnet down --root {root}` first", EXIT_USAGE)
+    leftovers = wan_namespaces.tear_down(root)
+    if leftovers:
+        progress(f"wan: removed {len(leftovers)} network namespaces a stopped devnet left behind")
     _clean(root)
     t0 = time.monotonic()
     sup = Supervisor(root)
     try:
-        epochs = shape.epochs and verifiers_run_epochs()
-        if shape.epochs and not epochs:
+        epochs = shape.epochs and not shape.echo_models and verifiers_run_epochs()
+        if shape.epochs and shape.echo_models:
+            progress("committee: no verification epochs with echo model nodes (nothing to score)")
+        elif shape.epochs and not epochs:
             progress("committee: this build's gt-verifier cannot run verification epochs yet (no --epochs)")
-        genesis = _init_committee(root, shape.verifiers)  # the one file every node is given
+        place = Loopback() if not shape.wan else _start_wan(sup, root, shape, epochs and reference_at is None,
+                                                            progress)
+        genesis = _init_committee(root, shape.verifiers, place)  # the one file every node is given
         shared = None if reference_at is None else \
             NodeInfo(REFERENCE, REFERENCE, "", reference_at[0], extra={"cert_file": reference_at[1]})
-        verifiers, engines = _start_network(sup, root, genesis, shape, progress, dashboards, shared, epochs)
+        users: list[NodeInfo] = []
+
+        def start_users() -> None:  # as soon as the committee commits: they need no model node
+            users.extend(_spawn_users(sup, root, genesis, shape.users, progress, shape.audit_rate, place))
+
+        verifiers, engines = _start_network(sup, root, genesis, shape, progress, dashboards, shared, epochs, place,
+                                            on_committee=start_users)
         models = [n for n in engines if n.role == "model"]
-        users = _start_users(sup, root, genesis, shape.users, progress, shape.audit_rate)
+        _wait_users(sup, users, progress)
         state = DevnetState(str(root), CHAIN_ID, str(genesis), verifiers + engines + users, time.time(),
-                            epochs=epochs)
+                            epochs=epochs, wan=_wan_summary(place))
+        for n in state.nodes:
+            if place.wan is not None and place.wan.node(n.name).nat:
+                n.extra["nat"] = True
         state.save()
         _wait_alive(sup, recorded(root), lambda: _paths_ready(users), shape.healthy_timeout_s,
                     f"every user node to hold {CLOVES.n} proxy paths", progress,
-                    status=lambda: f"{_users_with_paths(users)} of {len(users)} ready")
+                    status=lambda: _paths_progress(users))
         _wait_alive(sup, recorded(root), lambda: _committee_lists(state), shape.healthy_timeout_s,
                     "the committee's certified directory to list every node", progress)
         state.ready_s = round(time.monotonic() - t0, 1)
         state.save()
     except BaseException:
         progress(f"devnet: start-up failed, stopping what was started (logs stay in {root / 'logs'})")
+        wan_namespaces.leave_netns()  # out of the operator's namespace before it is removed
         stop_recorded(root, shape.stop_grace_s)
+        wan_namespaces.tear_down(root)
         raise
+    where = "" if place.wan is None else \
+        f" on the emulated WAN ({shape.wan}; {sum(bool(n.extra.get('nat')) for n in state.nodes)} behind NAT)"
     progress(f"devnet: healthy after {state.ready_s:.0f}s: {len(verifiers)} verifiers, {len(models)} model nodes "
-             f"({shape.dishonest_models} dishonest), {len(users)} user nodes; logs in {root / 'logs'}")
+             f"({shape.dishonest_models} dishonest), {len(users)} user nodes{where}; logs in {root / 'logs'}")
     return state
 
 
+WAN_EMULATOR = "wan-emulator"  # its process name
+
+
+def _wan_nodes(shape: DevnetParams, reference: bool) -> list[tuple[str, str]]:
+    """(name, role) of every node `up` starts, in the order it names them."""
+    nodes = [(f"v{i}", "verifier") for i in range(shape.verifiers)]
+    nodes += [(name, REFERENCE if name == REFERENCE else "model") for name, _ in _engine_plan(shape, reference)]
+    return nodes + [(f"u{i:02d}", "user") for i in range(shape.users)]
+
+
+def _start_wan(sup: Supervisor, root: Path, shape: DevnetParams, reference: bool, progress: Progress) -> OnWan:
+    """Namespaces, NAT routers and the link emulator for every node; then this process watches
+    from the operator's namespace."""
+    try:
+        wan_namespaces.check_can_build()
+    except wan_namespaces.WanError as exc:
+        raise DevnetError(str(exc)) from None
+    profile = wan_profiles.profile(shape.wan)
+    plan = wan_namespaces.make_plan(wan_namespaces.prefix_for(root), _wan_nodes(shape, reference), profile,
+                                    shape.wan_seed, local=frozenset({REFERENCE}))
+    plan.save(root)
+    wan_namespaces.build(plan)
+    sup.spawn(WAN_EMULATOR, python_module("devnet.wan.emulator", "--root", str(root)))
+    _wait_alive(sup, [WAN_EMULATOR], lambda: (root / READY_FILE).exists(), 60, "the link emulator", progress)
+    nat = [n.name for n in plan.nodes if n.nat]
+    progress(f"wan: {len(plan.nodes) - 1} nodes in their own network namespaces ({profile.description}); "
+             f"behind NAT: {', '.join(nat) or 'none'}")
+    wan_namespaces.enter_netns(plan.operator.netns)
+    return OnWan(plan)
+
+
+def _wan_summary(place: Placement) -> dict:
+    if place.wan is None:
+        return {}
+    return {"profile": place.wan.profile["name"], "prefix": place.wan.prefix,
+            "operator": place.wan.operator.netns, "seed": place.wan.seed}
+
+
+def enter_operator(root: Path) -> None:
+    """Watch a WAN devnet from its operator's namespace (a no-op for a devnet on loopback).
+    Call before this process opens any connection: only threads made afterwards follow."""
+    state = DevnetState.load(Path(root).resolve())
+    if state.wan:
+        wan_namespaces.enter_netns(state.wan["operator"])
+
+
 def _committee_lists(state: DevnetState) -> bool:
-    directory = asyncio.run(committee_directory(Path(state.genesis)))
+    directory = asyncio.run(committee_directory(Path(state.genesis), node_ids(state)))
     return (len(directory.models) >= len(state.of_role("model"))
             and len(directory.users) >= len(state.of_role("user")))
 
 
 def _clean(root: Path) -> None:
     """Fresh homes for a fresh network (nothing of ours is running: checked by the caller)."""
-    for item in ("committee", "models", "users", "logs", STATE, PROCESSES_FILE):
+    for item in ("committee", "models", "users", "logs", STATE, PROCESSES_FILE, wan_namespaces.STATE_FILE):
         path = root / item
         if path.is_dir():
             shutil.rmtree(path)
@@ -493,8 +663,13 @@ def _clean(root: Path) -> None:
 
 
 def down(root: Path = DEFAULT_ROOT, grace_s: float = DEVNET.stop_grace_s) -> list[str]:
-    """Stop exactly the processes `up` started under `root`; returns their names."""
-    return stop_recorded(Path(root).resolve(), grace_s)
+    """Stop exactly the processes `up` started under `root`, and remove the network namespaces
+    of its WAN (also what a killed `up` left: found by their name prefix); returns the names of
+    the processes stopped."""
+    root = Path(root).resolve()
+    stopped = stop_recorded(root, grace_s)
+    wan_namespaces.tear_down(root)
+    return stopped
 
 
 # --------------------------------------------------------------------------- status / ask
@@ -505,8 +680,14 @@ def status(root: Path = DEFAULT_ROOT) -> dict:
     state = DevnetState.load(Path(root).resolve())
     alive = set(running(Path(state.root)))
     report = {"root": state.root, "chain_id": state.chain_id, "nodes": []}
+    if state.wan:
+        report["wan"] = dict(state.wan)
+        try:
+            report["wan"]["emulator"] = wan_control(Path(state.root), {"stats": True})
+        except (OSError, ValueError) as exc:
+            report["wan"]["emulator"] = {"error": f"the link emulator does not answer ({exc})"}
     try:
-        directory = asyncio.run(committee_directory(Path(state.genesis)))
+        directory = asyncio.run(committee_directory(Path(state.genesis), node_ids(state)))
         certified = {m.node_id.hex(): m for m in directory.models}
         report["committee_directory"] = {"height": directory.height, "users": len(directory.users),
                                          "models": len(directory.models)}
@@ -546,7 +727,7 @@ def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int =
     state = DevnetState.load(Path(root).resolve())
     users = state.of_role("user")
     if not 0 <= user < len(users):
-        raise DevnetError(f"--user must be in 0..{len(users) - 1}")
+        raise DevnetError(f"--user must be in 0..{len(users) - 1}", EXIT_USAGE)
     t0 = time.monotonic()
     reply = _http_json(users[user].extra["api"] + "/v1/chat/completions",
                        {"model": MODEL_NODE.default_model, "messages": [{"role": "user", "content": prompt}],
@@ -557,7 +738,7 @@ def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int =
     answer["wall_ms"] = round((time.monotonic() - t0) * 1000, 1)
     answer["asked_by"] = users[user].name
     answer["served_by_name"] = state.name_of(node_id=answer.get("served_by", ""))
-    directory = asyncio.run(committee_directory(Path(state.genesis)))
+    directory = asyncio.run(committee_directory(Path(state.genesis), node_ids(state)))
     record = directory.model(bytes.fromhex(answer.get("served_by", "") or "00"))
     answer["served_by_registered_height"] = record.registered_height if record else None
     probes = _probe_users(state, directory)
@@ -663,7 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--users", type=int_in(CLOVES.n, 256), default=DEVNET.users,
                    help=f"user nodes (at least n = {CLOVES.n}: each ask needs that many relays)")
     u.add_argument("--dishonest-kind", default=DEVNET.dishonest_variant,
-                   help="how the dishonest nodes cheat (gt-model serve --dishonest KIND; several, comma-separated, "
+                   help="how the dishonest nodes cheat (the kinds of testkit/cheaters.py; several, comma-separated, "
                         "are given out in turn)")
     u.add_argument("--audit-rate", type=float_in(0, 1), default=DEVNET.audit_rate, metavar="R",
                    help="share of users' asks audited, for the committee and the users (default: the project's)")
@@ -672,6 +853,14 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--no-dashboard", action="store_true", help="do not serve the verifiers' status pages")
     u.add_argument("--no-epochs", action="store_true",
                    help="no verification epochs (and no reference engine: one vLLM engine less)")
+    u.add_argument("--wan", metavar="PROFILE", choices=sorted(wan_profiles.PROFILES), default="",
+                   help="every node in its own network namespace on an emulated WAN (root): "
+                        + "; ".join(f"{p.name}: {p.description}" for p in wan_profiles.PROFILES.values())
+                        .replace("%", "%%"))
+    u.add_argument("--wan-seed", type=int_in(0), default=DEVNET.wan_seed,
+                   help="seed of the WAN's links, NAT placement and per-packet decisions")
+    u.add_argument("--echo", action="store_true",
+                   help="echo stand-ins for the model nodes (real overlay, keys, receipts; no vLLM, no epochs)")
     s = command("status", "what runs and how each node is doing")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     a = command("ask", "ask a question through a user node's anonymous overlay")
@@ -699,7 +888,8 @@ def _main(args: argparse.Namespace) -> int:
                             dishonest_models=args.dishonest, users=args.users,
                             parallel_model_starts=args.parallel_models, dishonest_variant=args.dishonest_kind,
                             audit_rate=args.audit_rate,
-                            epochs=not args.no_epochs)
+                            epochs=not args.no_epochs, wan=args.wan, wan_seed=args.wan_seed,
+                            echo_models=args.echo)
             state = up(args.root, shape, dashboards=not args.no_dashboard)
             for v in state.of_role("verifier"):
                 if v.extra.get("dashboard"):
@@ -708,6 +898,8 @@ def _main(args: argparse.Namespace) -> int:
                 print(f"OpenAI-compatible API of {u.name}: {u.extra['api']}/v1 (any OpenAI client; "
                       f"`gt-devnet ask` uses it)")
             return 0
+        if args.cmd in ("status", "ask"):
+            enter_operator(args.root)  # a WAN devnet is watched from its operator's namespace
         if args.cmd == "status":
             report = status(args.root)
             print(json.dumps(report, indent=1) if args.json else describe_status(report))
@@ -720,8 +912,10 @@ def _main(args: argparse.Namespace) -> int:
         stopped = down(args.root)
         print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))
         return 0
-    except (DevnetError, TimeoutError) as exc:
-        raise UsageError(str(exc), code=1) from None
+    except DevnetError as exc:
+        raise UsageError(str(exc), code=exc.code) from None
+    except TimeoutError as exc:
+        raise UsageError(str(exc), code=EXIT_FAILED) from None
 
 
 if __name__ == "__main__":

@@ -41,13 +41,16 @@ class Supervisor:
         self._procs: dict[str, subprocess.Popen] = {}
 
     def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> Managed:
+              cwd: Path | None = None, via: Sequence[str] = ()) -> Managed:
+        """Start `argv` as `name`. `via` is a launcher that execs it (`nsenter --net=... --`:
+        the process keeps the launcher's pid, and `argv` as its command line, which is what
+        is recorded)."""
         if name in self._procs and self._procs[name].poll() is None:
             raise RuntimeError(f"{name} is already running")
         log_path = self.logs / f"{name}.log"
         log = open(log_path, "ab")
         proc = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [*via, *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
         )
         log.close()

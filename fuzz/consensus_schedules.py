@@ -1,15 +1,20 @@
-"""Long campaign of adversarial consensus schedules (testkit/schedules.py).
+"""Long campaign of adversarial consensus schedules (testkit/schedules.py), in chunks.
 
-Draws seeded plans for committees of 4 and 7 validators in turn (Byzantine validators and
-Twins up to f, equivocation, junk votes, poisoned bodies, lying round states, drops,
-duplicates, reordering, partitions that heal, crashes at any step with torn write-ahead logs),
-runs each on the real driver, state machine, vote keeper, signer and WAL, and checks safety
-always and liveness after GST. Progress goes to stderr; at the end ONE JSON line to stdout.
-Every failing schedule is saved as a replayable file (default tests/data/consensus_schedules/,
-which tests/test_consensus_schedules.py replays: a finding becomes a regression test).
+Every family of testkit.schedules.FAMILIES in turn (network faults; crashes at any step with
+torn write-ahead logs; crashes inside the sign-state write, a WAL rotation and the boot counter;
+per-node clocks skewed to the drift bound that step at restarts; Byzantine validators and Twins;
+far-future proposals and false proof-of-lock rounds; old messages of any height replayed;
+committees that change through the chain; all at once), for committees of 4, 7, 10 and 31 validators (by default 45 : 35 : 19 : 1: a schedule of
+31 costs some twenty of 4), each run on the real driver, state machine, vote keeper, signer and
+WAL, safety checked always and liveness after GST. Schedule k of a campaign is family
+FAMILIES[k % 9] with seed k // 9, so a campaign is the sequence of its indices and runs in chunks:
+each chunk appends one JSON line to the ledger (--ledger) and the next one resumes where the
+last ended (--resume). Progress goes to stderr; at the end ONE JSON line to stdout. Every failing
+schedule is saved as a replayable file (default tests/data/consensus_schedules/, which
+tests/test_consensus_schedules.py replays: a finding becomes a regression test).
 
-    .venv/bin/python fuzz/consensus_schedules.py --minutes 60            # an hour
-    .venv/bin/python fuzz/consensus_schedules.py --schedules 100000 --start 0
+    .venv/bin/python fuzz/consensus_schedules.py --minutes 25 --jobs 2 --resume    # one chunk
+    .venv/bin/python fuzz/consensus_schedules.py --summary                       # the ledger's totals
     .venv/bin/python fuzz/consensus_schedules.py --replay tests/data/consensus_schedules/n4-seed7.json --trace
 """
 
@@ -21,49 +26,136 @@ import logging
 import signal
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from testkit.schedules import Plan, judge, load_failure, run_plan, save_failure  # noqa: E402
+from testkit.schedules import FAMILIES, SIZES, Plan, judge, load_failure, run_plan, save_failure  # noqa: E402
 
 SAVE_DIR = ROOT / "tests" / "data" / "consensus_schedules"
+LEDGER = ROOT / "results" / "consensus_campaign.jsonl"
+WEIGHTS = (45, 35, 19, 1)
+
+
+def size_cycle(sizes: tuple[int, ...], weights: tuple[int, ...]) -> list[int]:
+    """Committee sizes interleaved in proportion to `weights` (a fixed, spread-out order)."""
+    cycle: list[int] = []
+    credit = [0.0] * len(sizes)
+    for _ in range(sum(weights)):
+        credit = [c + w for c, w in zip(credit, weights)]
+        k = max(range(len(sizes)), key=lambda i: credit[i])
+        credit[k] -= sum(weights)
+        cycle.append(sizes[k])
+    return cycle
+
+
+def unit(index: int, cycle: list[int]) -> tuple[str, int, int]:
+    """(family, committee size, seed) of schedule `index` of a campaign."""
+    family, seed = FAMILIES[index % len(FAMILIES)], index // len(FAMILIES)
+    return family, cycle[seed % len(cycle)], seed
+
+
+def _run(index: int, family: str, n: int, seed: int) -> dict:
+    logging.disable(logging.CRITICAL)
+    t = time.process_time()
+    verdict = judge(Plan.random(seed, n, family))
+    return {"index": index, "family": family, "n": n, "seed": seed, "violations": verdict.violations,
+            "virtual_s": verdict.virtual_s, "cpu_s": time.process_time() - t,
+            "plan": verdict.plan.to_json() if verdict.violations else None}
 
 
 def campaign(args) -> dict:
-    sizes = [int(v) for v in args.validators.split(",")]
+    sizes = tuple(int(v) for v in args.validators.split(","))
+    weights = tuple(int(v) for v in args.weights.split(","))
+    if len(sizes) != len(weights):
+        raise SystemExit("--validators and --weights need as many entries")
+    cycle = size_cycle(sizes, weights)
+    start = _resume_index(args.ledger) if args.resume else args.start
     stop_at = time.monotonic() + args.minutes * 60 if args.minutes else float("inf")
-    stopping = []
+    stopping: list[int] = []
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     t0 = last = time.monotonic()
-    runs = {n: 0 for n in sizes}
-    virtual = 0.0
+    by_family = {f: 0 for f in FAMILIES}
+    by_size = {str(n): 0 for n in sizes}
+    done_indices: set[int] = set()
     failures: list[dict] = []
-    seed = args.start
-    while not stopping and time.monotonic() < stop_at and sum(runs.values()) < args.schedules:
-        for n in sizes:
-            verdict = judge(Plan.random(seed, n))
-            runs[n] += 1
-            virtual += verdict.virtual_s
-            if not verdict.ok:
-                path = save_failure(verdict, args.save_dir)
-                failures.append({"n": n, "seed": seed, "file": str(path), "violations": verdict.violations[:3]})
-                print(f"VIOLATION n={n} seed={seed}: {verdict.violations[:3]} -> {path}", file=sys.stderr, flush=True)
-        seed += 1
-        if time.monotonic() - last >= args.progress_s:
-            last = time.monotonic()
-            done = sum(runs.values())
-            print(f"[{last - t0:7.0f} s] {done} schedules ({', '.join(f'n={n}: {c}' for n, c in runs.items())}), "
-                  f"{done / (last - t0):.1f}/s, {len(failures)} violations, next seed {seed}",
-                  file=sys.stderr, flush=True)
+    virtual = cpu = 0.0
+    nxt = start
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        running = set()
+        while True:
+            while (not stopping and time.monotonic() < stop_at and nxt < start + args.schedules
+                   and len(running) < 2 * args.jobs):
+                running.add(pool.submit(_run, nxt, *unit(nxt, cycle)))
+                nxt += 1
+            if not running:
+                break
+            finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                r = fut.result()
+                done_indices.add(r["index"])
+                by_family[r["family"]] += 1
+                by_size[str(r["n"])] += 1
+                virtual += r["virtual_s"]
+                cpu += r["cpu_s"]
+                if r["violations"]:
+                    plan = Plan.from_json(r["plan"])
+                    path = save_failure(_Verdict(plan, r["violations"]), args.save_dir)
+                    failures.append({"family": r["family"], "n": r["n"], "seed": r["seed"], "file": str(path),
+                                     "violations": r["violations"][:3]})
+                    print(f"VIOLATION {r['family']} n={r['n']} seed={r['seed']}: {r['violations'][:3]} -> {path}",
+                          file=sys.stderr, flush=True)
+            if time.monotonic() - last >= args.progress_s:
+                last = time.monotonic()
+                n_done = len(done_indices)
+                print(f"[{last - t0:7.0f} s] {n_done} schedules ({', '.join(f'n={k}: {c}' for k, c in by_size.items())}), "
+                      f"{n_done / (last - t0):.1f}/s, {len(failures)} violations, next index {nxt}",
+                      file=sys.stderr, flush=True)
     elapsed = time.monotonic() - t0
-    done = sum(runs.values())
-    return {"bench": "consensus_schedules", "schedules": done, "by_validators": {str(n): c for n, c in runs.items()},
-            "violations": len(failures), "failures": failures, "seeds": [args.start, seed - 1],
-            "seconds": round(elapsed, 1), "schedules_per_s": round(done / max(elapsed, 1e-9), 2),
-            "virtual_s": round(virtual, 1)}
+    end = start + len(done_indices)  # (every index below nxt ran: in-flight work is awaited)
+    out = {"bench": "consensus_schedules", "schedules": len(done_indices), "by_family": by_family,
+           "by_validators": by_size, "violations": len(failures), "failures": failures,
+           "indices": [start, end - 1], "jobs": args.jobs, "seconds": round(elapsed, 1),
+           "schedules_per_s": round(len(done_indices) / max(elapsed, 1e-9), 2), "cpu_s": round(cpu, 1),
+           "virtual_s": round(virtual, 1), "weights": dict(zip(map(str, sizes), weights)),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": _commit()}
+    if args.ledger and done_indices:
+        args.ledger.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.ledger, "a") as f:
+            f.write(json.dumps(out, sort_keys=True) + "\n")
+    return out
+
+
+class _Verdict:
+    def __init__(self, plan: Plan, violations: list[str]) -> None:
+        self.plan, self.violations = plan, violations
+
+
+def _resume_index(ledger: Path) -> int:
+    if not ledger or not Path(ledger).exists():
+        return 0
+    ends = [json.loads(line)["indices"][1] for line in Path(ledger).read_text().splitlines() if line.strip()]
+    return max(ends, default=-1) + 1
+
+
+def summary(ledger: Path) -> dict:
+    """The totals of every chunk in the ledger."""
+    rows = [json.loads(line) for line in Path(ledger).read_text().splitlines() if line.strip()]
+    total: dict = {"bench": "consensus_schedules", "summary": str(ledger), "chunks": len(rows),
+                   "schedules": 0, "violations": 0, "by_family": {}, "by_validators": {}, "seconds": 0.0,
+                   "cpu_s": 0.0, "commits": sorted({r.get("commit", "?") for r in rows})}
+    for r in rows:
+        for key in ("schedules", "violations", "seconds", "cpu_s"):
+            total[key] += r.get(key, 0)
+        for key in ("by_family", "by_validators"):
+            for k, v in r[key].items():
+                total[key][k] = total[key].get(k, 0) + v
+    total["seconds"], total["cpu_s"] = round(total["seconds"], 1), round(total["cpu_s"], 1)
+    total["indices"] = [min((r["indices"][0] for r in rows), default=0), max((r["indices"][1] for r in rows), default=-1)]
+    return total
 
 
 def replay(path: Path, trace: bool) -> dict:
@@ -75,20 +167,38 @@ def replay(path: Path, trace: bool) -> dict:
             "violations": verdict.violations, "heights": verdict.heights}
 
 
+def _commit() -> str:
+    """The code's commit (GT_CAMPAIGN_COMMIT names it for a copy outside git)."""
+    import os
+    import subprocess
+    if os.environ.get("GT_CAMPAIGN_COMMIT"):
+        return os.environ["GT_CAMPAIGN_COMMIT"]
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: no time limit)")
     ap.add_argument("--schedules", type=int, default=10**12, help="stop after this many schedules")
-    ap.add_argument("--validators", default="4,7", help="committee sizes, in turn (default 4,7)")
-    ap.add_argument("--start", type=int, default=0, help="first seed")
+    ap.add_argument("--validators", default=",".join(map(str, SIZES)), help="committee sizes (default 4,7,10,31)")
+    ap.add_argument("--weights", default=",".join(map(str, WEIGHTS)), help="their shares (default 45,35,19,1)")
+    ap.add_argument("--start", type=int, default=0, help="first schedule index")
+    ap.add_argument("--resume", action="store_true", help="start after the last index in the ledger")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--ledger", type=Path, default=LEDGER, help="append each chunk's JSON line here")
     ap.add_argument("--save-dir", type=Path, default=SAVE_DIR, help="where failing schedules are written")
     ap.add_argument("--progress-s", type=float, default=30.0)
+    ap.add_argument("--summary", action="store_true", help="print the ledger's totals and exit")
     ap.add_argument("--replay", type=Path, help="run one saved schedule and report it")
     ap.add_argument("--trace", action="store_true", help="with --replay: print every message to stderr")
     args = ap.parse_args()
+    if args.summary:
+        print(json.dumps(summary(args.ledger)))
+        return
     if not args.replay and not args.minutes and args.schedules == 10**12:
-        ap.error("give --minutes or --schedules (or --replay FILE)")
-    logging.disable(logging.WARNING)
+        ap.error("give --minutes or --schedules (or --replay FILE, or --summary)")
+    logging.disable(logging.CRITICAL)
     print(json.dumps(replay(args.replay, args.trace) if args.replay else campaign(args)))
 
 

@@ -49,7 +49,7 @@ __all__ = [
     "AuditMember",
     "seal_for",
     "open_sealed_audit",
-    "members_of",
+    "members_among", "members_of",
 ]
 
 COMMIT_DOMAIN = b"gentorrent/audit-commitment/v1\x00"
@@ -102,7 +102,9 @@ class AuditTicket:
         return commitment_of(self.secret)
 
     def selects(self, request: pb.GenerateRequest, rate: float = AUDITS.rate) -> bool:
-        return is_audited(self.secret, receipts.request_prompt_hash(request), rate)
+        """Whether this ask is audited: drawn by the rate, and one the committee can score
+        (generation.is_plain: a constrained or penalised reply is never handed in)."""
+        return generation.is_plain(request) and is_audited(self.secret, receipts.request_prompt_hash(request), rate)
 
 
 def receipt_key(receipt: pb.ReplyReceipt) -> bytes:
@@ -165,6 +167,8 @@ def _decode(data: bytes, params: AuditParams) -> pb.AuditSubmission:
 def _check_shape(sub: pb.AuditSubmission, params: AuditParams) -> None:
     if not sub.HasField("request") or not sub.HasField("receipt"):
         raise AuditError("an audit carries the request and the receipt")
+    if not generation.is_plain(sub.request):  # see generation.is_plain: no honest score exists for it
+        raise AuditError("an ask under guided decoding, penalties, tools or another operation is not audited")
     if not 1 <= len(sub.token_ids) <= params.max_reply_tokens:
         raise AuditError(f"an audited reply has 1 to {params.max_reply_tokens} tokens")
     if any(t < 0 for t in sub.token_ids):
@@ -239,5 +243,10 @@ def open_sealed_audit(private: X25519PrivateKey, blob: bytes, params: AuditParam
 
 def members_of(genesis) -> dict[bytes, AuditMember]:
     """The genesis validators that take audits (those that publish an audit key)."""
+    return members_among(genesis.validators)
+
+
+def members_among(validators) -> dict[bytes, AuditMember]:
+    """Of these committee members (GenesisValidator records), the ones that take audits."""
     return {v.node_id: AuditMember(v.node_id, v.address, v.tls_cert_pem, v.audit_key)
-            for v in genesis.validators if v.audit_key}
+            for v in validators if v.audit_key}

@@ -5,8 +5,9 @@ neighbours all the time, so channels are cached. A channel to a peer that went a
 dropped (`forget`) so that the next use starts afresh.
 
 Pinning is by node id: a connection names the node it wants (`ChannelPool.to(peer)`, a
-`gentorrent.ledger.peers.Peer`), and the only certificate it accepts is the one the registry
-holds for that node id; the address is only where to dial.
+`gentorrent.ledger.peers.Peer` or a registry record), and accepts only certificates signed by
+the Ed25519 key the registry holds for that node id (`tls.anchor_pem`); the address is only
+where to dial. Verifiers, pinned by the genesis' certificates, are dialled with `get`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from gentorrent.crypto import tls
 
 
 class Pinned(Protocol):
-    """What a channel needs of a peer: where to dial, and the one certificate to accept."""
+    """What a channel needs of a registered peer: where to dial, and the key it is pinned by."""
 
     address: str
-    cert_pem: bytes
+    public_key: bytes
 
 
 class ChannelPool:
@@ -40,8 +41,8 @@ class ChannelPool:
         return channel
 
     def to(self, peer: Pinned) -> grpc.aio.Channel:
-        """A channel to the node `peer` names, accepting only its registered certificate."""
-        return self.get(peer.address, peer.cert_pem)
+        """A channel to the node `peer` names, accepting only certificates its registered key signed."""
+        return self.get(peer.address, tls.anchor_pem(peer.public_key))
 
     async def forget(self, address: str) -> None:
         for key in [k for k in self._channels if k[0] == address]:

@@ -23,7 +23,12 @@ from typing import Callable, TextIO
 
 import gentorrent
 
-EXIT_USAGE = 2  # a bad argument or file; nothing was changed
+# Exit statuses of every command (README "Exit statuses" is this table):
+EXIT_OK = 0  # done; a node stopped by SIGINT/SIGTERM, at any stage, also exits 0
+EXIT_FAILED = 1  # it ran and failed: no answer (try again later), a halted verifier, a node that broke
+EXIT_USAGE = 2  # a bad argument or file, or a home another process holds; nothing was changed
+EXIT_NO_NODE = 3  # no node runs at --home (or it does not answer), or the node could not join the network
+EXIT_INTERRUPTED = 130  # a command (ask, status, init) interrupted by Ctrl-C
 
 
 class UsageError(Exception):
@@ -65,7 +70,7 @@ def run(body: Callable[[], int], prog: str, stderr: TextIO | None = None) -> int
         print(f"{prog}: error: {exc}", file=err)
         return exc.code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `gt-x ... | head`: the reader left; say nothing more
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -155,6 +160,47 @@ def check_can_listen(address: str, what: str) -> None:
                              "(port 0: any free)") from None
 
 
+def check_directory_source(committee: str | Path | None, directory: str | Path | None,
+                           directory_may_be_missing: bool = False) -> None:
+    """The genesis (or a test's static directory file) is readable and well-formed, before
+    anything starts: a wrong --committee is a one-line error in a second, not after an engine
+    has loaded for a minute."""
+    if committee:
+        from gentorrent.ledger.genesis import Genesis, GenesisError
+
+        try:
+            Genesis.load(Path(committee))
+        except (GenesisError, OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--committee {committee}: not a usable genesis file ({exc}); give the "
+                             "committee's genesis.json") from None
+        return
+    if not directory:
+        return
+    path = Path(directory)
+    if not path.is_file():
+        if directory_may_be_missing:
+            return
+        raise UsageError(f"no directory: {path} does not exist; give --committee GENESIS (or --directory FILE)")
+    from gentorrent.ledger.directory import StaticDirectory
+
+    try:
+        StaticDirectory(path)
+    except Exception as exc:  # DirectoryError, or records that do not decode
+        raise UsageError(f"--directory {path}: not a directory file ({type(exc).__name__}: {exc})") from None
+
+
+def take_home(home: Path):
+    """This process's lock on a node home (gentorrent.home_lock), or exit 2 naming the holder."""
+    from gentorrent.home_lock import HomeInUse, lock_home
+
+    try:
+        return lock_home(home)
+    except HomeInUse as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot use {home} as the node's home: {exc.strerror or exc}") from None
+
+
 def ports_fit(base: int, count: int, what: str = "--base-port") -> None:
     """`count` consecutive ports from `base` must all be valid ports."""
     if base + count - 1 > 65535:
@@ -183,6 +229,37 @@ def every_option_has_help(parser: argparse.ArgumentParser) -> list[str]:
         elif not isinstance(action, argparse._HelpAction) and (not action.help or action.help == argparse.SUPPRESS):
             missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
     return missing
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (call inside the running loop, first thing): every
+    start-up stage races it, so Ctrl-C at any stage stops the node within seconds, cleanly."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def until_stopped(work, stop: asyncio.Event, grace_s: float = 3.0):
+    """Run `work` (a coroutine) unless `stop` is set first; returns (True, its result) or
+    (False, None) when stopped, after cancelling it (waiting at most `grace_s` for it to end)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    await asyncio.wait({task}, timeout=grace_s)
+    return False, None
 
 
 # --------------------------------------------------------------------------- progress

@@ -69,6 +69,13 @@ class OverlayParams:
     # leaves at the next point of a grid of this step, never as an empty message; the final one
     # at once (gentorrent/overlay/reply_pacing.py). A token waits at most this long.
     reply_window_s: float = 0.25
+    # position hidden from relays (THREAT_MODEL.md "Position from timing"): relays ask the next hop
+    # for hop-local acks as the asker does, so hop 1 cannot tell the asker by its frames, and the
+    # proxy holds what crosses it for a uniform random time up to `position_cover_s`: cloves to the
+    # model node, each ask's replies (one draw per ask), its establishment confirmation
+    # (gentorrent/overlay/cover_timing.py). False / 0 restore the code before 2026-12-02.
+    hide_position: bool = True
+    position_cover_s: float = 0.2
     # model-node intake
     max_pending_groups: int = 1024  # cloves of undecoded messages held (intake and user)
     reassembly_timeout_s: float = 120.0  # an undecoded group is forgotten after this
@@ -95,6 +102,28 @@ class OverlayParams:
 
 
 OVERLAY = OverlayParams()
+
+_DAY_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class GuardParams:
+    """Entry guards (gentorrent/overlay/guards.py; THREAT_MODEL.md "Colluding first hops"): a
+    user keeps a short ordered list of long-lived first hops instead of drawing one per path,
+    so a colluder sees a user's asks only if it is one of its guards (Tor's entry guards). The
+    first usable guard of the list is the first hop of every path; the others stand by."""
+
+    enabled: bool = True
+    sampled: int = 3  # guards kept, in order; the first listed and reachable one carries every path
+    # a guard is rotated after a lifetime drawn uniformly in [min, max] (weeks: Tor draws months)
+    lifetime_min_s: float = 42 * _DAY_S
+    lifetime_max_s: float = 70 * _DAY_S
+    # a guard missing from the directory this long has left: it is replaced (until then the next
+    # guard of the list stands in, so a guard that restarts is not swapped for a fresh draw)
+    absent_drop_s: float = 1 * _DAY_S
+
+
+GUARDS = GuardParams()
 
 # --------------------------------------------------------------------------- routing
 
@@ -197,22 +226,73 @@ class ReputationParams:
     probation_growth: int = 2
     probation_max: int = 64
     forgive_after: int = 35
+    # C(T) from several challenges of an epoch ignores this many of the lowest
+    # (verifier/epochs/reputation.robust_credibility): one honest outlier is never punished
+    outliers_ignored: int = 2  # of PER_EPOCH = 6 challenges (bench/detection.py robust_rule)
+
+    def __post_init__(self) -> None:
+        # a committee's genesis sets these (chain_params.py): a bad one must stop at genesis,
+        # not in the FinalizeBlock that closes the first epoch
+        units = {"alpha": self.alpha, "beta": self.beta, "abnormal_threshold": self.abnormal_threshold,
+                 "untrusted_below": self.untrusted_below, "initial_reputation": self.initial_reputation}
+        for name, value in units.items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.window < 1 or not self.gamma > 0:
+            raise ValueError("window must be >= 1 and gamma > 0")
+        if min(self.goal_epochs, self.probation_epochs, self.probation_growth, self.probation_max,
+               self.forgive_after) < 0:
+            raise ValueError("goal_epochs and the probation counts must be >= 0")
 
 
 REPUTATION = ReputationParams()
 
 
+#: reply tokens the scoring tests need to tell honest sampling noise from a cheat (~128:
+#: verifier/epochs/scoring.py); donated asks shorter than this are not reused as challenges
+CHALLENGE_TOKENS = 128
+#: the most model nodes one epoch transaction may list (a plan, replies, an attestation, an audit
+#: report): a bound before allocation, which `EpochParams.max_probed_nodes` must keep (an
+#: attestation of this many forwarded replies still fits in WireLimits.max_tx_bytes)
+MAX_NODES_PER_EPOCH_TX = 512
+
+
 @dataclass(frozen=True)
 class EpochParams:
-    epoch_blocks: int = 20  # committee heights per verification epoch
-    score_tolerance: float = 0.05  # ProcessProposal accepts leader scores within this (the
-    # combined credibility is steep just past z_tolerance, so engines that differ by ~0.01 nat
-    # per token can disagree by a few hundredths there; honest replies score ~1.0, so a leader
-    # shading by 0.05 cannot make an honest node abnormal)
-    challenge_max_tokens: int = 128  # honest-noise tests need ~128 tokens (verifier/epochs/scoring.py)
+    """The verification epochs' replicated rules (verifier/epochs/machine.py).
+
+    A committee's genesis fixes them (app_state.epochs, gentorrent/ledger/chain_params.py) and
+    every member reads them from chain state, never from its own settings: these are the values
+    a new genesis gets. Deadlines are measured in *block time* (the agreed header time), so
+    every member closes a phase at the same height whatever its own clock says.
+    """
+
     max_probed_nodes: int = 64  # model nodes challenged per epoch (a seeded sample beyond this)
-    challenge_nonce_bytes: int = 32
-    chain_id: str = "gentorrent"  # mixed into the VRF leader-election input
+    # an attested score further than this from the agreed (median) one earns its member a
+    # disagreement mark (the combined credibility is steep just past z_tolerance, so engines that
+    # differ by ~0.01 nat per token can disagree by a few hundredths there)
+    score_tolerance: float = 0.05
+    election_timeout_ms: int = 15_000  # elect with the VRF proofs present after this
+    plan_timeout_ms: int = 300_000  # the leader writes questions with its reference model (CPU: slow)
+    probe_timeout_ms: int = 600_000  # challenges through the overlay; replies tx by then
+    attest_timeout_ms: int = 600_000  # every member re-scores; a quorum must attest by then
+    history_kept: int = 16  # closed-epoch summaries kept in the epochs section
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_probed_nodes <= MAX_NODES_PER_EPOCH_TX:
+            raise ValueError(f"max_probed_nodes must be in 0..{MAX_NODES_PER_EPOCH_TX}, got {self.max_probed_nodes}")
+        if not 0.0 <= self.score_tolerance <= 1.0:
+            raise ValueError(f"score_tolerance must be in [0, 1], got {self.score_tolerance}")
+        deadlines = (self.election_timeout_ms, self.plan_timeout_ms, self.probe_timeout_ms, self.attest_timeout_ms)
+        if min(deadlines) <= 0:
+            raise ValueError("every phase deadline (*_timeout_ms) must be > 0")
+        if self.history_kept < 1:
+            raise ValueError(f"history_kept must be >= 1, got {self.history_kept}")
+
+    @property
+    def span_ms(self) -> int:
+        """The longest an epoch runs: all of its phase deadlines."""
+        return self.election_timeout_ms + self.plan_timeout_ms + self.probe_timeout_ms + self.attest_timeout_ms
 
 
 EPOCHS = EpochParams()
@@ -220,18 +300,11 @@ EPOCHS = EpochParams()
 
 @dataclass(frozen=True)
 class EpochRunParams:
-    """How verification epochs run in a live committee (verifier/epochs/
-    rules.py applies the deadlines, verifier/epochs/runner.py drives the phases).
-
-    Deadlines are measured in *block time* (the agreed header time), so every member closes a
-    phase at the same height whatever its own clock says.
+    """How this member takes part in verification epochs (verifier/epochs/runner.py drives the
+    phases): its own pacing, patience and challenge shapes. The phases' deadlines are the
+    chain's (EpochParams, read from chain state); `fits` checks these settings against them.
     """
 
-    election_timeout_ms: int = 15_000  # elect with the VRF proofs present after this
-    plan_timeout_ms: int = 300_000  # the leader writes questions with its reference model (CPU: slow)
-    probe_timeout_ms: int = 600_000  # challenges through the overlay; replies tx by then
-    attest_timeout_ms: int = 600_000  # every member re-scores; a quorum must attest by then
-    history_kept: int = 16  # closed-epoch summaries kept in the epochs section
     max_reply_tokens: int = 1024  # output tokens of one reply carried in an epoch_replies tx
     # challenges sample, stream and ask for max_tokens as the traffic model draws (TrafficParams:
     # as real clients do), so no parameter singles a challenge out. Tests on a slow machine may
@@ -261,17 +334,23 @@ class EpochRunParams:
     # spread + probe_timeout_s must fit in probe_timeout_ms (tests/test_epochs_runner.py checks it).
     challenge_spread_s: float | None = None
 
-    @property
-    def spread_s(self) -> float:
-        """The upper end of a challenge's random send time, in seconds after probing opens."""
+    def spread_s(self, rules: EpochParams) -> float:
+        """The upper end of a challenge's random send time, in seconds after probing opens, under
+        the chain's deadlines `rules`."""
         if self.challenge_spread_s is not None:
             return self.challenge_spread_s
-        return max(0.0, self.probe_timeout_ms / 1000 - self.probe_timeout_s - self.replies_margin_s)
+        return max(0.0, rules.probe_timeout_ms / 1000 - self.probe_timeout_s - self.replies_margin_s)
+
+    def fits(self, rules: EpochParams) -> None:
+        """ValueError unless a challenge sent last is still answered before the chain's probe deadline."""
+        usable = rules.probe_timeout_ms / 1000 - self.probe_timeout_s
+        if not 0 <= self.spread_s(rules) <= usable:
+            raise ValueError(f"challenge_spread_s must be in [0, {usable:g}]: a challenge sent last must still be "
+                             "answered before the probe deadline")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.spread_s <= self.probe_timeout_ms / 1000 - self.probe_timeout_s:
-            raise ValueError(f"challenge_spread_s must be in [0, {self.probe_timeout_ms / 1000 - self.probe_timeout_s:g}]: "
-                             "a challenge sent last must still be answered before the probe deadline")
+        if self.challenge_spread_s is not None and self.challenge_spread_s < 0:
+            raise ValueError(f"challenge_spread_s must be >= 0, got {self.challenge_spread_s}")
         if not self.probe_reply_wait_s > 0:
             raise ValueError(f"probe_reply_wait_s must be > 0, got {self.probe_reply_wait_s}")
 
@@ -317,6 +396,12 @@ class ScoringParams:
     relevance_tokens: int = 16  # opening tokens of the relevance test
     relevance_slack_nats: float = 0.10  # its noise floor, nats per token
     relevance_tail_slack: float = 0.1  # added to the expected out-of-top-k count of the opening tokens
+    # the dispersion test sums squared gaps clipped at this many nats (squared), its expectation and
+    # variance exact under the clip: a sum of unbounded squared gaps is heavy-tailed (one rare token
+    # an honest sampler drew dominates it) and its normal z cried wolf (the demo's honest 0.340 is a
+    # dispersion z of 4.1 and nothing else); the cheaters it catches differ from honest sampling in
+    # many tokens, not one. 0 turns the clip off
+    dispersion_clip_nats: float = 4.0
 
 
 SCORING = ScoringParams()
@@ -359,7 +444,7 @@ class AuditParams:
     donated_kept: int = 512  # reusable audited asks a member keeps (in memory) to draw challenges from
     # ... those that ask for at least this many tokens: a challenge keeps its asker's max_tokens, and
     # shorter replies give the scoring tests too little to go on (a 16-token replay scored 1.0)
-    donated_min_tokens: int = EPOCHS.challenge_max_tokens
+    donated_min_tokens: int = CHALLENGE_TOKENS
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
@@ -397,7 +482,7 @@ class ConsensusTimeouts:
     max_rounds_ahead: int = 1000
     # A validator prevotes nil for a new proposal whose block time is more than this ahead of
     # its own clock (the PRECISION + MSGDELAY bound of CometBFT's proposer-based timestamps,
-    # upper side only). Block time drives the epochs' phase deadlines (verifier.epochs.rules:
+    # upper side only). Block time drives the epochs' phase deadlines (verifier.epochs.machine:
     # a leader "posted no plan in time" once block time passes phase start + plan_timeout), so
     # one proposer with a fast clock could otherwise fast-forward them for everyone, and every
     # later block would have to follow its time. 10 s: well above NTP-synchronised skew
@@ -431,10 +516,23 @@ class RegistryParams:
     {"registry": {"lease_s": S}}); this is the default and the bounds a genesis must keep.
     """
 
-    lease_s: float = 300.0
+    # 2 h, renewed every 40 min: 100,000 nodes cost the committee 100,000 / 2,400 s = 42 renewals/s
+    # (bench/scale.py measures a block of 2,000 renewals); a node that vanished without
+    # deregistering is listed at most one lease more (paths route around it, epochs probe it)
+    lease_s: float = 7200.0
     min_lease_s: float = 5.0  # shorter leases would cost a renewal per node every second
     max_lease_s: float = 7 * 24 * 3600.0
-    renewals_per_lease: int = 5  # a node renews every lease_s / 5: four renewals may be lost
+    renewals_per_lease: int = 3  # a node renews every lease_s / 3: two renewals may be lost
+    # Sybil rules `gt-verifier init` writes into a production genesis (gentorrent.ledger.genesis):
+    # a registration's proof of work (2^18 Argon2id attempts of 256 KiB: about 2 CPU-minutes on
+    # one core here, verified in one 0.4-ms attempt), relays per IPv4 /24 and IPv6 /48, and how
+    # many registrations one block may carry (what a Byzantine proposer can make members verify)
+    pow_bits: int = 18
+    pow_memory_kib: int = 256
+    loopback_pow_bits: int = 4  # the devnet's: the rule runs, registering stays instant
+    relays_per_24: int = 4
+    relays_per_48: int = 4
+    registrations_per_block: int = 200
     register_timeout_s: float = 300.0  # keep trying to reach the committee this long at start
     commit_timeout_s: float = 60.0  # an accepted registration must show in the directory by then
     retry_s: float = 2.0  # between two tries to reach the committee
@@ -448,6 +546,17 @@ class RegistryParams:
     # for clock skew between a node and the committee (NTP keeps it to milliseconds).
     max_directory_age_s: float = 120.0
     confirmations: int = 2  # verifiers that must agree before a change of trust or membership
+    # light client: a verified header vouches for a later committee change only this long
+    # (CometBFT's trusting period): past it, members who have left may sign another history at
+    # no cost. Two weeks, CometBFT's usual figure; members leave by a committee vote, not by
+    # an unbonding clock, so this is the window in which removed members' keys still count
+    trusting_period_s: float = 14 * 24 * 3600.0
+    # a user node follows the rosters of the models it asks this often (trust changes once per
+    # epoch, minutes); model-group members follow their own every ROUTING.directory_refresh_s
+    user_roster_refresh_s: float = 30.0
+    relay_sample: int = 18  # relays one sample draws: N = 6 paths of l = 3 (CLOVES), spares from re-draws
+    peer_ttl_s: float = 600.0  # a peer's record, looked up by node id, is kept this long
+    absent_ttl_s: float = 2.0  # "no such node" is believed this long (it may be registering)
 
 
 REGISTRY = RegistryParams()
@@ -460,16 +569,21 @@ CONSENSUS_FAST = ConsensusTimeouts(
 # --------------------------------------------------------------------------- model nodes
 
 
+#: the capacity scores a model node may register (routing weighs members by them): a scale every
+#: node and the registry's rules share, so a protocol constant, not any node's setting
+MIN_CAPACITY, MAX_CAPACITY = 1, 10
+
+
 @dataclass(frozen=True)
 class ModelNodeParams:
     """A model node's engine and service limits."""
 
-    min_capacity: int = 1
-    max_capacity: int = 10
     default_capacity: int = 5
     default_model: str = "smollm2-135m"
-    max_new_tokens: int = 1024
-    default_max_tokens: int = 256  # when a request leaves max_tokens at 0
+    # a request's max_tokens, on the wire; the engine caps it by what the context leaves after the
+    # prompt, and 0 means "until the context ends" (vLLM's default)
+    max_new_tokens: int = 131_072
+    default_max_tokens: int = 256  # what the stand-in engines (testkit, cheaters) emit at most when unset
     cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE per engine on CPU machines
     max_running_requests: int = 16  # vLLM max_num_seqs: requests decoded together
     max_queued_requests: int = 64  # beyond running + this many a node answers "busy"
@@ -479,6 +593,11 @@ class ModelNodeParams:
     # makes prompt_logprobs differ from decode logprobs by ~1e-2; "auto" (bf16) on GPUs.
     cpu_dtype: str = "float32"
     gpu_dtype: str = "auto"
+    # vLLM's engine options a checkpoint may need (gt-model serve --dtype, --quantization,
+    # --kv-cache-dtype, --max-model-len; the committee's catalogue names what verifiers use)
+    dtype: str = ""  # "": cpu_dtype / gpu_dtype
+    quantization: str = ""  # e.g. fp8, awq, gptq ("": as the checkpoint says)
+    kv_cache_dtype: str = "auto"
     # GPU engines only (a CPU engine runs eager, in one process): vLLM's tensor parallelism
     # (GPUs one engine spans) and the share of each GPU's memory it may take (weights + KV cache)
     tensor_parallel_size: int = 1
@@ -490,6 +609,14 @@ class ModelNodeParams:
     max_stop_chars: int = 128
     max_chat_messages: int = 256
     max_score_top_k: int = 20  # alternatives per position a scoring call may ask for
+    # vLLM's further sampling parameters, bounded as vLLM bounds them (gentorrent/generation.py)
+    max_penalty: float = 2.0  # presence and frequency penalties in [-2, 2]; repetition in (0, 2]
+    max_logprobs: int = 20  # top_logprobs per token (OpenAI's and vLLM's default cap)
+    max_stop_token_ids: int = 64
+    max_logit_bias: int = 300  # entries; each bias in [-100, 100]
+    max_tools_bytes: int = 64 * 1024  # the tools' JSON, and a structured output's schema or grammar
+    max_tool_calls: int = 64  # per message and per reply
+    max_detokenize_ids: int = 128 * 1024  # token ids one detokenize request may carry
     # identical scoring passes (same tokens, same k) are computed once and kept, up to this many
     # scored tokens (~2 KiB each with 20 alternatives): a committee's members that share one
     # reference engine all score every reply (model_node/engine.py SharedPasses)
@@ -521,7 +648,11 @@ class UserApiParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    max_tokens: int = 256  # chat asks that leave max_tokens unset
+    # chat asks that leave max_tokens unset: until the context ends (as vLLM), but at most the
+    # tokens a reply can be verified with (audits and challenges carry at most this many), so
+    # the default ask is one challenges mirror (gentorrent/traffic reads this number)
+    max_tokens: int = EPOCH_RUN.max_reply_tokens
+    max_choices: int = 8  # n: choices per ask (each one ask of its own through the overlay)
     completion_max_tokens: int = 16  # /v1/completions that leave it unset (OpenAI's and vLLM's default)
     stream: bool = True  # gt-user ask streams unless told otherwise
     max_inflight_asks: int = 32  # asks in flight on one node's API; beyond: 429 with Retry-After
@@ -587,6 +718,12 @@ class SimParams:
     # our path repair: a relay's neighbour sees the gRPC stream drop and the user learns of it
     # (and has rebuilt the path) this long after the relay left
     repair_detect_s: float = 10.0
+    # the linkability model of the code (sims/linkability.py)
+    linkability_observed: int = 2_000  # honest senders followed through the horizon
+    linkability_asks_per_day: float = 24.0  # unrelated asks a user makes per day (Poisson)
+    # mean identity lifetime of a node (memoryless, as sims/churn: a leaver never returns, a
+    # newcomer takes its place); a guard that leaves is replaced by the next of the list
+    linkability_lifetime_days: float = 90.0
 
 
 SIMS = SimParams()
@@ -602,16 +739,19 @@ class DevnetParams:
     honest_models: int = 2
     dishonest_models: int = 1
     users: int = 12
-    dishonest_variant: str = "pruned"  # `gt-model serve --dishonest` kind(s) (model_node.cheaters),
+    dishonest_variant: str = "pruned"  # cheater kind(s) of testkit/cheaters.py (testkit.dishonest_model),
     # comma-separated to give the dishonest nodes different kinds in turn
     audit_rate: float | None = None  # the committee's and users' audit rate (None: AuditParams.rate)
     parallel_model_starts: int = 4  # vLLM engines starting at once (see deploy/devnet/README.md)
     epochs: bool = True  # verifiers run verification epochs, scoring with one shared reference engine
+    wan: str = ""  # a WAN profile (devnet/wan/profiles.py): every node in its own network namespace; "": loopback
+    wan_seed: int = 1  # the WAN's links and NAT placement, and every per-packet decision, drawn from it
+    echo_models: bool = False  # model nodes are the echo stand-in (testkit/echo_model.py): no engines, no epochs
     # the demo waits for epochs to close: spread its challenges over seconds, not EPOCH_RUN's minutes
     challenge_spread_s: float = 5.0
     # ... and caps challenge replies: the traffic model asks for up to EPOCH_RUN.max_reply_tokens,
     # minutes of a 135M model on 2 shared cores per epoch. A cap makes the devnet's challenges
-    # recognisable by max_tokens (users' asks say 256); a deployment leaves it unset.
+    # recognisable by max_tokens (users' unset asks say USER_API.max_tokens); a deployment leaves it unset.
     challenge_max_tokens: int = 96
     # ... and paces its epochs less: EPOCH_RUN's 30 s between epochs were half of a devnet epoch
     epoch_pause_s: float = 5.0

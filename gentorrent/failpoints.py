@@ -11,7 +11,8 @@ through the environment of the process it starts:
 
 Actions: `kill` sends SIGKILL to the process itself (exactly what kill -9 does: no handler,
 no finally, no flush; the parent sees -9), `exit` calls os._exit(137) (no cleanup either,
-for platforms or sandboxes where a self-SIGKILL is unwanted). `@N` fires on the N-th hit
+for platforms or sandboxes where a self-SIGKILL is unwanted), `raise` raises FailpointError
+there (a failure the process must handle: a member whose application fails halts). `@N` fires on the N-th hit
 (default 1); earlier hits pass. Before dying the process writes one line to stderr,
 "failpoint <name> fired (<action> on hit N)", so a test can tell the crash it asked for from
 any other death.
@@ -40,13 +41,19 @@ POINTS: dict[str, str] = {
     "verifier.after_sign": "the sign state is durable; the signed message is neither in the WAL nor sent",
     "verifier.after_sign_proposal": "as after_sign, for proposals only: the signer holds a signature for a "
                                     "block this node must propose again after a restart",
+    "verifier.before_apply": "a block is decided and about to be executed (`raise` here: the application "
+                             "fails on a decided block, and the member halts)",
 }
 
-ACTIONS = ("kill", "exit")
+ACTIONS = ("kill", "exit", "raise")
 
 
 class FailpointSpecError(ValueError):
     """A malformed GT_FAILPOINTS value."""
+
+
+class FailpointError(RuntimeError):
+    """What an armed `raise` failpoint raises: a failure where the code must survive one."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,8 @@ def _fire(name: str, arm: Arm) -> None:
     os.write(2, f"failpoint {name} fired ({arm.action} on hit {n})\n".encode())
     if arm.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if arm.action == "raise":
+        raise FailpointError(f"failpoint {name} fired")
     os._exit(EXIT_CODE)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,6 +23,15 @@ disable_created_metrics()
 
 #: latency buckets (seconds) of every histogram: loopback asks take tens of ms, CPU engines seconds
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+#: time per output token (seconds): vLLM's buckets, and the slower steps of a CPU engine
+TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+#: what a model node and a user node both measure of every finished request, as vLLM's
+#: families (vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:time_to_first_token_seconds,
+#: vllm:time_per_output_token_seconds, vllm:e2e_request_latency_seconds): the model node as it
+#: serves, the user node as its asker sees it through the overlay
+REQUEST_FAMILIES = frozenset({"gentorrent_prompt_tokens", "gentorrent_generation_tokens",
+                              "gentorrent_time_to_first_token_seconds", "gentorrent_time_per_output_token_seconds",
+                              "gentorrent_e2e_request_latency_seconds"})
 
 
 class RoleMetrics:
@@ -39,6 +48,34 @@ class RoleMetrics:
     def families(self) -> set[str]:
         """Names of the families this role exports (without _total/_bucket suffixes)."""
         return {m.name for m in self.registry.collect()}
+
+
+class RequestMetrics:
+    """REQUEST_FAMILIES in a role's registry: counters of tokens, histograms of latency (one
+    unit per family: tokens, or seconds)."""
+
+    def __init__(self, registry: CollectorRegistry, where: str) -> None:
+        self.prompt_tokens = Counter("gentorrent_prompt_tokens", f"prompt tokens of finished requests ({where})",
+                                     registry=registry)
+        self.generation_tokens = Counter("gentorrent_generation_tokens",
+                                         f"tokens generated for finished requests ({where})", registry=registry)
+        self.ttft = Histogram("gentorrent_time_to_first_token_seconds", f"time to the first output token ({where})",
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.tpot = Histogram("gentorrent_time_per_output_token_seconds",
+                              f"time per output token after the first ({where})", buckets=TOKEN_BUCKETS,
+                              registry=registry)
+        self.e2e = Histogram("gentorrent_e2e_request_latency_seconds", f"finished requests, end to end ({where})",
+                             buckets=LATENCY_BUCKETS, registry=registry)
+
+    def observe(self, prompt_tokens: int, output_tokens: int, ttft_s: float | None, e2e_s: float) -> None:
+        """One finished request (ttft None: no token came out)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(output_tokens)
+        self.e2e.observe(e2e_s)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+            if output_tokens > 1:
+                self.tpot.observe(max(0.0, e2e_s - ttft_s) / (output_tokens - 1))
 
 
 def exported_families(text: bytes | str) -> set[str]:

@@ -48,7 +48,27 @@ def prompt_hash(prompt: str = "", messages: Iterable[tuple[str, str]] = ()) -> b
 
 
 def request_prompt_hash(request: pb.GenerateRequest) -> bytes:
-    return prompt_hash(request.prompt, ((m.role, m.content) for m in request.messages))
+    """The prompt's hash; what a tool-calling conversation adds to it (the tools the template
+    shows, each message's tool calls and tool call id) and a detokenize request's token ids are
+    covered too. Without them the hash is prompt_hash's, so plain asks keep their old hashes."""
+    base = prompt_hash(request.prompt, ((m.role, m.content) for m in request.messages))
+    extras = _prompt_extras(request)
+    return hashlib.sha256(b"prompt+\x00" + base + extras).digest() if extras else base
+
+
+def _prompt_extras(request: pb.GenerateRequest) -> bytes:
+    parts = []
+    if request.tools_json:
+        parts.append(b"tools\x00" + _lp(request.tools_json.encode()))
+    for i, m in enumerate(request.messages):
+        if m.tool_calls or m.tool_call_id or m.name:
+            calls = b"".join(_lp(c.id.encode()) + _lp(c.name.encode()) + _lp(c.arguments.encode()) for c in m.tool_calls)
+            parts.append(b"message\x00" + struct.pack(">II", i, len(m.tool_calls)) + calls
+                         + _lp(m.tool_call_id.encode()) + _lp(m.name.encode()))
+    if request.prompt_token_ids:
+        ids = list(request.prompt_token_ids)
+        parts.append(b"token_ids\x00" + struct.pack(f">I{len(ids)}i", len(ids), *ids))
+    return b"".join(parts)
 
 
 def output_hash(token_ids: Sequence[int]) -> bytes:
@@ -62,6 +82,34 @@ def sampling_hash(s: pb.SamplingParams) -> bytes:
                        s.seed, len(s.stop))
     body += b"".join(_lp(x.encode()) for x in s.stop)
     return hashlib.sha256(b"sampling\x00" + body).digest()
+
+
+def request_sampling_hash(request: pb.GenerateRequest) -> bytes:
+    """How the reply was to be generated: the sampling parameters, and whatever else of the
+    request constrains the output (vLLM's penalties and friends, guided decoding, the tool
+    choice, the operation). Without any of those it is sampling_hash's, as before them."""
+    base = sampling_hash(request.sampling)
+    extras = _sampling_extras(request)
+    return hashlib.sha256(b"sampling+\x00" + base + extras).digest() if extras else base
+
+
+def _sampling_extras(request: pb.GenerateRequest) -> bytes:
+    s = request.sampling
+    vllm = (s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.min_p, s.min_tokens, s.ignore_eos,
+            s.top_logprobs)
+    parts = []
+    if any(vllm) or s.stop_token_ids or s.logit_bias:
+        ids, bias = list(s.stop_token_ids), [(b.token_id, b.bias) for b in s.logit_bias]
+        parts.append(b"vllm\x00" + struct.pack(">ffffI?I", *vllm) + struct.pack(f">I{len(ids)}i", len(ids), *ids)
+                     + struct.pack(">I", len(bias)) + b"".join(struct.pack(">if", t, v) for t, v in bias))
+    if request.structured.kind:
+        parts.append(b"structured\x00" + struct.pack(">I", request.structured.kind)
+                     + _lp(request.structured.spec.encode()))
+    if request.tool_choice or request.parallel_tool_calls:
+        parts.append(b"tools\x00" + _lp(request.tool_choice.encode()) + struct.pack(">?", request.parallel_tool_calls))
+    if request.operation:
+        parts.append(b"operation\x00" + struct.pack(">I", request.operation))
+    return b"".join(parts)
 
 
 def signed_message(r: pb.ReplyReceipt) -> bytes:
@@ -78,7 +126,7 @@ def make_receipt(identity: Identity, model: str, request: pb.GenerateRequest,
     the usage a user's API reports comes from the serving node, not from a guess."""
     receipt = pb.ReplyReceipt(
         node_id=identity.node_id, model=model, prompt_hash=request_prompt_hash(request),
-        output_hash=output_hash(output_token_ids), sampling_hash=sampling_hash(request.sampling),
+        output_hash=output_hash(output_token_ids), sampling_hash=request_sampling_hash(request),
         time_ms=time_ms, prompt_tokens=prompt_tokens, audit_commitment=request.audit_commitment,
     )
     receipt.signature = identity.sign(signed_message(receipt))
@@ -99,7 +147,7 @@ def verify_receipt(receipt: pb.ReplyReceipt, public_key: bytes,
     if request is not None:
         if receipt.prompt_hash != request_prompt_hash(request):
             raise ReceiptError("receipt covers a different prompt")
-        if receipt.sampling_hash != sampling_hash(request.sampling):
+        if receipt.sampling_hash != request_sampling_hash(request):
             raise ReceiptError("receipt covers different sampling parameters")
         if request.model and receipt.model != request.model:
             raise ReceiptError("receipt names a different model")

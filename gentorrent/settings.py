@@ -1,10 +1,16 @@
 """TOML configuration files of node homes, validated against the config dataclasses.
 
-Each section of a node's `config.toml` fills one frozen dataclass of `gentorrent.config`
-(or a role's own dataclass). Validation is strict because a silently ignored typo in a
-distributed system shows up hours later as "the gossip interval is wrong on one node": an
-unknown section or key, or a value of the wrong type, is a `ConfigError` that names the file,
-the key, and the closest known key.
+Each section of a node's `config.toml` fills one frozen dataclass of `gentorrent.config`, and
+the role that reads the file applies every section it accepts (`Schema`): gt-user reads
+[cloves], [overlay], [user_api] and [audits]; gt-model reads [model_node], [routing], [cloves]
+and [overlay]. Any other section stops the node with one line that says who reads it: a section
+another role reads, or one no node may set alone ([epochs], [reputation]: the committee's
+rules, fixed by its genesis; [wire]: protocol limits every node shares).
+
+Validation is strict because a silently ignored typo (or section) in a distributed system shows
+up hours later as "the gossip interval is wrong on one node": an unknown section or key, or a
+value of the wrong type, is a `ConfigError` that names the file, the key, and the closest known
+key.
 """
 
 from __future__ import annotations
@@ -13,27 +19,58 @@ import dataclasses
 import difflib
 import tomllib
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from gentorrent import config as cfg
 
-#: sections every node understands; roles add their own
-COMMON_SECTIONS: dict[str, type] = {
+#: every section a config.toml may name, and the dataclass it fills
+SECTIONS: dict[str, type] = {
     "wire": cfg.WireLimits,
     "cloves": cfg.CloveParams,
+    "overlay": cfg.OverlayParams,
     "routing": cfg.RoutingParams,
     "reputation": cfg.ReputationParams,
     "epochs": cfg.EpochParams,
     "consensus": cfg.ConsensusTimeouts,
     "model_node": cfg.ModelNodeParams,
+    "user_api": cfg.UserApiParams,
+    "audits": cfg.AuditParams,
 }
+
+_GENESIS = "it is the committee's, the same for every member: its genesis sets it (app_state.{0}, " \
+           "gentorrent/ledger/chain_params.py)"
+#: who reads each section: what a role that does not read it answers
+READERS: dict[str, str] = {
+    "wire": "no node sets it: protocol limits every node shares (gentorrent/config.py WireLimits)",
+    "cloves": "gt-user and gt-model read it",
+    "overlay": "gt-user and gt-model read it",
+    "routing": "gt-model reads it",
+    "reputation": _GENESIS.format("reputation"),
+    "epochs": _GENESIS.format("epochs"),
+    "consensus": "gt-verifier reads its timeouts from its home's config.json (\"timeouts\": default or fast)",
+    "model_node": "gt-model reads it",
+    "user_api": "gt-user reads it",
+    "audits": "gt-user reads it",
+}
+assert set(READERS) == set(SECTIONS)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The sections one role reads from its home's config.toml, and applies, every one."""
+
+    role: str
+    sections: Mapping[str, type]
+
 
 #: a node home's configuration file (optional: every section has the paper's defaults)
 CONFIG_FILE = "config.toml"
-#: what user nodes read (and the stand-in model node, which must decode with its askers' k)
-USER_SECTIONS: dict[str, type] = {**COMMON_SECTIONS, "overlay": cfg.OverlayParams, "user_api": cfg.UserApiParams,
-                                  "audits": cfg.AuditParams}
+#: what gt-user applies
+USER = Schema("gt-user", {name: SECTIONS[name] for name in ("cloves", "overlay", "user_api", "audits")})
+#: what gt-model applies (and the stand-in model node, which must decode with its askers' k)
+MODEL = Schema("gt-model", {name: SECTIONS[name] for name in ("model_node", "routing", "cloves", "overlay")})
 
 MAX_CONFIG_BYTES = 256 * 1024
 
@@ -42,7 +79,7 @@ class ConfigError(ValueError):
     """A configuration file is unreadable, malformed, or names something unknown."""
 
 
-def load(path: Path, schema: Mapping[str, type] = COMMON_SECTIONS) -> dict[str, Any]:
+def load(path: Path, schema: Schema | Mapping[str, type]) -> dict[str, Any]:
     """Parse `path` into {section: dataclass instance}; absent sections get defaults."""
     path = Path(path)
     try:
@@ -58,17 +95,22 @@ def load(path: Path, schema: Mapping[str, type] = COMMON_SECTIONS) -> dict[str, 
     return parse(doc, schema, str(path))
 
 
-def load_home(home: Path, schema: Mapping[str, type] = COMMON_SECTIONS) -> dict[str, Any]:
+def load_home(home: Path, schema: Schema | Mapping[str, type]) -> dict[str, Any]:
     """A node home's CONFIG_FILE against `schema`; every section at its defaults when absent."""
     path = Path(home) / CONFIG_FILE
     return load(path, schema) if path.exists() else parse({}, schema)
 
 
-def parse(doc: Mapping[str, Any], schema: Mapping[str, type], source: str = "config") -> dict[str, Any]:
+def parse(doc: Mapping[str, Any], schema: Schema | Mapping[str, type], source: str = "config") -> dict[str, Any]:
+    """{section: dataclass instance} of every section of `schema`, from `doc` or defaults."""
+    role = schema.role if isinstance(schema, Schema) else None
+    schema = schema.sections if isinstance(schema, Schema) else schema
     result: dict[str, Any] = {}
     for section, values in doc.items():
+        if section not in schema and role is not None and section in READERS:
+            raise ConfigError(f"{source}: [{section}] is not read by {role}: {READERS[section]}")
         if section not in schema:
-            raise ConfigError(f"{source}: unknown section [{section}]{_hint(section, schema)}")
+            raise ConfigError(f"{source}: unknown section [{section}]{_hint(section, schema if role is None else SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
         result[section] = _build(schema[section], values, f"{source}: {section}")

@@ -6,6 +6,6 @@ service     `LocalGenerator` (prepares a request once, serves and signs it) and 
 intake      cloves in from the overlay, reply cloves out to the users' proxies
 forwarding  serve here or at the group peer holding the prefix (Algorithm 2)
 gossip      signed HR-tree deltas and load among the group's members
-cheaters, variants   dishonest nodes for the verification tests (`--dishonest KIND`)
-cli         `gt-model serve | status | models`
+cli         `gt-model serve | status | models`; `Serving`, the seam a test double of a
+            dishonest node plugs into (testkit/dishonest_model.py)
 """

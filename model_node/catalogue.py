@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gentorrent.config import MODEL_NODE
+from gentorrent.weights import (WeightsError, cached_weights_digest, weight_files, weights_bytes,  # noqa: F401
+                                weights_digest)
 
 #: marks a finished conversion; a folder without it is never used (see `_convert_atomically`)
 DONE_MARKER = ".gentorrent-converted"
@@ -109,12 +111,33 @@ class ResolvedModel:
     hf_id: str | None = None
 
 
-def lookup(name: str) -> ModelEntry:
+def lookup(name: str, weights: Path | None = None) -> ModelEntry:
+    """The built-in entry of `name`; with --weights, any name (the checkpoint is the model, and
+    its digest is what the committee's catalogue lists: `weights_digest`)."""
     try:
         return CATALOGUE[name]
     except KeyError:
+        if weights is not None:
+            return ModelEntry(name, f"the checkpoint in {weights}", weights_gib=weights_bytes(Path(weights)) / 2 ** 30,
+                              context=_own_context(Path(weights)) or 8192, cpu_ok=True)
         known = ", ".join(sorted(CATALOGUE))
-        raise UnknownModelError(f"unknown model {name!r}; the catalogue has: {known}") from None
+        raise UnknownModelError(f"unknown model {name!r}; the catalogue has: {known} (or give --weights DIR: a "
+                                "checkpoint whose digest the committee's catalogue lists)") from None
+
+
+# --------------------------------------------------------------------------- a model is its weights
+# (gentorrent.weights: the digest the committee's catalogue lists, shared with gt-verifier)
+
+
+def _own_context(folder: Path) -> int | None:
+    import json
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    own = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
+    return int(own) if own else None
 
 
 def cache_root() -> Path:
@@ -129,7 +152,7 @@ def resolve(name: str, weights: Path | None = None, cache_dir: Path | None = Non
     Raises UnknownModelError or WeightsMissingError (both ValueErrors) with a message meant
     for the person who typed the command.
     """
-    entry = lookup(name)
+    entry = lookup(name, weights)
     if weights is not None:
         return ResolvedModel(name, _check_hf_folder(Path(weights), name), entry.hf_id)
     if entry.embedded:
@@ -141,7 +164,7 @@ def resolve(name: str, weights: Path | None = None, cache_dir: Path | None = Non
 
 def check_available(name: str, weights: Path | None = None, cache_dir: Path | None = None) -> None:
     """Fail fast (no conversion, no engine) when `name` cannot be served here."""
-    entry = lookup(name)
+    entry = lookup(name, weights)
     if weights is not None:
         _check_hf_folder(Path(weights), name)
     elif entry.embedded:
@@ -159,16 +182,34 @@ def check_available(name: str, weights: Path | None = None, cache_dir: Path | No
 WEIGHTS_SHARE = 0.75
 
 
+#: weights quantized online by vLLM's --quantization, as a share of 16-bit weights in memory
+ONLINE_QUANTIZATION_SHARE = {"fp8": 0.5, "bitsandbytes": 0.3}
+
+
 def gpu_memory_needed(entry: ModelEntry, tensor_parallel: int,
-                      utilization: float = MODEL_NODE.gpu_memory_utilization) -> float:
-    """GiB each GPU needs so that its part of the weights fits (tensor parallelism splits them)."""
-    return entry.weights_gib / tensor_parallel / (utilization * WEIGHTS_SHARE)
+                      utilization: float = MODEL_NODE.gpu_memory_utilization, weights_gib: float | None = None) -> float:
+    """GiB each GPU needs so that its part of the weights fits (tensor parallelism splits them);
+    `weights_gib`: the checkpoint's real size, when known (else the catalogue's bf16 figure)."""
+    return (entry.weights_gib if weights_gib is None else weights_gib) / tensor_parallel / (utilization * WEIGHTS_SHARE)
 
 
-def check_hardware(entry: ModelEntry, gpus_gib: list[float], tensor_parallel: int, utilization: float) -> None:
+def weights_in_memory_gib(entry: ModelEntry, folder: Path | None, quantization: str | None) -> float:
+    """The weights' size once loaded: the real bytes of the checkpoint on disk (a quantized one
+    is loaded as it is), shrunk by online quantization of 16-bit weights; the catalogue's bf16
+    figure when the folder is not there yet (an embedded model before its conversion)."""
+    if folder is None or not Path(folder).is_dir() or not weight_files(folder):
+        gib = entry.weights_gib
+    else:
+        gib = weights_bytes(folder) / 2 ** 30
+    return gib * ONLINE_QUANTIZATION_SHARE.get(quantization or "", 1.0)
+
+
+def check_hardware(entry: ModelEntry, gpus_gib: list[float], tensor_parallel: int, utilization: float,
+                   weights_gib: float | None = None) -> None:
     """Fail before loading when this machine cannot serve `entry` as asked (CatalogueError).
 
-    `gpus_gib`: memory of each GPU here (empty: a CPU machine)."""
+    `gpus_gib`: memory of each GPU here (empty: a CPU machine); `weights_gib`: the real size
+    of the weights to load (weights_in_memory_gib), else the catalogue's figure."""
     if not gpus_gib:
         if tensor_parallel > 1:
             raise CatalogueError(f"--tensor-parallel-size {tensor_parallel} needs {tensor_parallel} GPUs; this "
@@ -177,10 +218,11 @@ def check_hardware(entry: ModelEntry, gpus_gib: list[float], tensor_parallel: in
     if tensor_parallel > len(gpus_gib):
         raise CatalogueError(f"--tensor-parallel-size {tensor_parallel} needs {tensor_parallel} GPUs; this "
                              f"machine has {len(gpus_gib)}")
-    need, have = gpu_memory_needed(entry, tensor_parallel, utilization), min(gpus_gib[:tensor_parallel])
+    need = gpu_memory_needed(entry, tensor_parallel, utilization, weights_gib)
+    have = min(gpus_gib[:tensor_parallel])
     if need > have:
         more = next((tp for tp in (2, 4, 8) if tp <= len(gpus_gib)
-                     and gpu_memory_needed(entry, tp, utilization) <= have), None)
+                     and gpu_memory_needed(entry, tp, utilization, weights_gib) <= have), None)
         hint = (f"use --tensor-parallel-size {more}" if more else "use a GPU with more memory")
         raise CatalogueError(f"{entry.name} needs ~{need:.1f} GiB per GPU at --tensor-parallel-size "
                              f"{tensor_parallel} and --gpu-memory-utilization {utilization}; these GPUs have "

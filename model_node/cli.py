@@ -21,16 +21,24 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
-from gentorrent.cli import Parser, Stages, UsageError, check_can_listen, float_in, host_port, int_in, run
-from gentorrent.config import MODEL_NODE, ModelNodeParams
+from gentorrent.cli import (EXIT_NO_NODE, Parser, Stages, UsageError, check_can_listen, check_directory_source,
+                            float_in, host_port, int_in, run, stop_on_signals, take_home, until_stopped)
+from gentorrent.config import MAX_CAPACITY, MIN_CAPACITY, MODEL_NODE, ModelNodeParams
 from gentorrent.ledger.genesis import GenesisError
+from model_node import tools
+
+if TYPE_CHECKING:
+    from model_node.catalogue import ResolvedModel
+    from model_node.engine import Engine
+    from model_node.service import LocalGenerator
 
 STATE_FILE = "node.json"
+DIGEST_FILE = "weights_digest.json"  # in the home: the weights' digest, while the files are unchanged
 log = logging.getLogger("gt-model")
 
 
@@ -46,20 +54,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--weights", type=Path, help="folder of a Hugging Face checkpoint for --model")
     s.add_argument("--home", type=Path, default=None, help="keys, config.toml, logs, node.json")
     s.add_argument("--listen", type=host_port, default="127.0.0.1:50061", help="HOST:PORT (port 0: any free)")
-    s.add_argument("--capacity", type=int_in(MODEL_NODE.min_capacity, MODEL_NODE.max_capacity),
+    s.add_argument("--capacity", type=int_in(MIN_CAPACITY, MAX_CAPACITY),
                    default=MODEL_NODE.default_capacity,
-                   help=f"capacity score {MODEL_NODE.min_capacity}..{MODEL_NODE.max_capacity}")
+                   help=f"capacity score {MIN_CAPACITY}..{MAX_CAPACITY}")
     s.add_argument("--tensor-parallel-size", type=int_in(1, 64), default=None, metavar="N",
                    help=f"GPU engines: spread the model over N GPUs (default {MODEL_NODE.tensor_parallel_size}; "
                         "a CPU engine runs in one process)")
     s.add_argument("--gpu-memory-utilization", type=float_in(0, 1, low_open=True), default=None, metavar="F",
                    help=f"GPU engines: share of each GPU's memory the engine may take, in (0, 1] "
                         f"(default {MODEL_NODE.gpu_memory_utilization}; ignored on a CPU)")
+    s.add_argument("--max-model-len", type=int_in(16, 1 << 21), default=None, metavar="TOKENS",
+                   help=f"the context the engine serves (default {MODEL_NODE.max_model_len}, or the model's own if "
+                        "smaller); as vLLM's --max-model-len")
+    s.add_argument("--dtype", default=None, choices=("auto", "float32", "float16", "bfloat16"),
+                   help=f"the weights' dtype in the engine (default {MODEL_NODE.cpu_dtype} on a CPU, "
+                        f"{MODEL_NODE.gpu_dtype} on a GPU); as vLLM's --dtype")
+    s.add_argument("--quantization", default=None, metavar="METHOD",
+                   help="vLLM's --quantization (e.g. fp8 to quantize 16-bit weights on load; a quantized "
+                        "checkpoint, AWQ or GPTQ, says so itself)")
+    s.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+                   help="the KV cache's dtype (default auto: the model's); as vLLM's --kv-cache-dtype")
     s.add_argument("--verbose", action="store_true", help="show vLLM's own INFO logs")
     s.add_argument("--stop-with-parent", action="store_true",
                    help="shut down when the process that started this one exits (tests, devnets)")
-    s.add_argument("--metrics", type=host_port, default=None, metavar="HOST:PORT",
-                   help="serve Prometheus text on http://HOST:PORT/metrics")
+    s.add_argument("--metrics", type=host_port, default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="serve Prometheus text on http://HOST:PORT/metrics (default %(default)s: on loopback, any "
+                        "free port; node.json names the URL)")
+    s.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
+    s.add_argument("--tool-call-parser", default=tools.DEFAULT_TOOL_PARSER, metavar="NAME",
+                   help="vLLM's tool parser for tool_choice \"auto\" (vLLM's --tool-call-parser, default "
+                        "%(default)s; none: auto returns text only). Forced tool choices need none: guided decoding")
     s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
                    help="the committee's genesis file: register this node there, then serve the overlay and "
                         "its model group from the committee's checked directory")
@@ -70,10 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --committee: never forward requests to (or gossip with) the model group")
     s.add_argument("--directory", type=Path, default=None,
                    help="TESTS AND BENCHMARKS ONLY: a static directory JSON file instead of the committee")
-    s.add_argument("--dishonest", default=None, metavar="KIND",
-                   choices=("pruned", "noisy", "other-model", "random", "replay", "selective"),
-                   help="TESTS AND BENCHMARKS ONLY: cheat while claiming --model "
-                        "(model_node.cheaters: pruned, noisy, other-model, random, replay, selective)")
     # --- routing: the model group of --model, from the verified directory
     s.add_argument("--forwarding", action="store_true",
                    help="with --directory FILE (tests): join the group of --model as a --committee node does")
@@ -87,13 +107,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+class Serving:
+    """What `serve` loads and what answers the requests: the claimed model, honestly.
+
+    The one seam through which the verification tests and the devnet run a dishonest node on
+    this very code (testkit/dishonest_model.py plugs a cheater in); `gt-model` itself only ever
+    serves honestly."""
+
+    #: whether it serves the weights it loaded as what they are: a cheater (False) registers no
+    #: weights digest and skips the catalogue's check before its engine starts
+    honest: bool = True
+
+    def weights(self, model: str, weights: Path | None) -> tuple[str, Path | None]:
+        """The catalogue model and weights folder to load for the claimed `model`."""
+        return model, weights
+
+    async def start_engine(self, model: "ResolvedModel", params: ModelNodeParams) -> "Engine":
+        """Start vLLM on the loaded model, and remember how long that took on this machine."""
+        from model_node.engine import Engine
+
+        engine = await Engine.start(model, params)
+        _note_engine_start(model.name, engine.startup_s)
+        return engine
+
+    def generator(self, honest: "LocalGenerator", claimed: str) -> "LocalGenerator":
+        """What answers requests, given the honest generator over the loaded engine."""
+        return honest
+
+
+def main(argv: list[str] | None = None, serving: Serving | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "models":
         return run(_models, "gt-model")
     if args.command == "status":
         return run(lambda: asyncio.run(_status(args.home or default_home(), args.timeout)), "gt-model")
-    return run(lambda: _serve(args), "gt-model")
+    return run(lambda: _serve(args, serving or Serving()), "gt-model")
 
 
 def _models() -> int:
@@ -109,16 +157,19 @@ def _models() -> int:
 # --------------------------------------------------------------------------- serve
 
 
-def _load_params(home: Path, args=None) -> ModelNodeParams:
-    """The home's [model_node] settings, with the engine options given on the command line."""
+def load_config(home: Path, args=None) -> dict:
+    """The home's config.toml as gt-model applies it (settings.MODEL: [model_node] for the engine
+    and service, [routing] for forwarding and gossip, [cloves] and [overlay] for the clove
+    intake), with the engine options given on the command line; any other section is refused."""
     from dataclasses import replace
 
     from gentorrent import settings
 
-    params = settings.load_home(home)["model_node"]
-    given = {k: getattr(args, k) for k in ("tensor_parallel_size", "gpu_memory_utilization")
+    conf = settings.load_home(home, settings.MODEL)
+    given = {k: getattr(args, k) for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype",
+                                           "quantization", "kv_cache_dtype")
              if args is not None and getattr(args, k, None) is not None}
-    return replace(params, **given)
+    return {**conf, "model_node": replace(conf["model_node"], **given)}
 
 
 def _check_hardware(args, params: ModelNodeParams) -> None:
@@ -129,18 +180,21 @@ def _check_hardware(args, params: ModelNodeParams) -> None:
     gpus = local_gpus_gib()
     if not gpus and args.gpu_memory_utilization is not None:
         print("gt-model: note: --gpu-memory-utilization has no effect on a CPU machine", file=sys.stderr)
-    catalogue.check_hardware(catalogue.lookup(args.load_model), gpus, params.tensor_parallel_size,
-                             params.gpu_memory_utilization)
+    entry = catalogue.lookup(args.load_model, args.weights)
+    folder = args.weights if args.weights is not None else (
+        catalogue.cache_root() / "models" / entry.name if entry.embedded else None)
+    catalogue.check_hardware(entry, gpus, params.tensor_parallel_size, params.gpu_memory_utilization,
+                             catalogue.weights_in_memory_gib(entry, folder, params.quantization))
 
 
-def _serve(args) -> int:
+def _serve(args, serving: Serving) -> int:
     from gentorrent.crypto import tls
     from model_node import catalogue
 
     from gentorrent.ledger.txs import TxError, check_listen
 
     home = (args.home or default_home()).resolve()
-    args.load_model = args.model
+    args.load_model, args.home_dir = args.model, home
     if args.forwarding and not args.directory:  # --- routing
         print("gt-model: --forwarding goes with --directory FILE (with --committee the group forwards unless "
               "--no-forwarding)", file=sys.stderr)
@@ -156,15 +210,15 @@ def _serve(args) -> int:
         print(f"gt-model: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.dishonest:  # a cheating node, for the verification tests
-            from model_node import cheaters
-
-            plan = cheaters.prepare(args.dishonest, args.model, args.weights)
-            args.load_model, args.weights = plan.load_model, plan.weights
+        args.load_model, args.weights = serving.weights(args.model, args.weights)
         catalogue.check_available(args.load_model, args.weights)
-        params = _load_params(home, args)
-        _check_hardware(args, params)
+        check_directory_source(args.committee, args.directory, directory_may_be_missing=True)
+        conf = load_config(home, args)
+        _check_hardware(args, conf["model_node"])
+        take_home(home)  # one process per home: before its ports, the keys, the logs or the engine
         check_can_listen(args.listen, "--listen")
+        if args.no_metrics:
+            args.metrics = None
         if args.metrics:
             check_can_listen(args.metrics, "--metrics")
         tls.check_key_files(home)  # a key file others can read: refused, saying what to run
@@ -177,13 +231,13 @@ def _serve(args) -> int:
     from gentorrent.ledger.committee import RegistrationError
 
     try:
-        return asyncio.run(_serve_async(args, home, params))
+        return asyncio.run(_serve_async(args, home, conf, serving))
     except catalogue.CatalogueError as exc:
         print(f"gt-model: cannot serve {args.model!r}: {exc}", file=sys.stderr)
         return 2
     except (RegistrationError, TxError, GenesisError) as exc:
         print(f"gt-model: cannot join the network: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_NO_NODE
 
 
 #: start-up stages of `gt-model serve` (shown on stderr with their times)
@@ -228,18 +282,17 @@ def _setup_logging(home: Path) -> None:
     root.addHandler(stderr)
 
 
-async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
+async def _serve_async(args, home: Path, conf: dict, serving: Serving) -> int:
+    """`conf`: load_config's sections, each handed to the part it configures; `serving`: what
+    loads and what answers (Serving)."""
     from gentorrent.crypto import tls
     from gentorrent.crypto.keys import NodeKeys
     from model_node import catalogue
-    from model_node.engine import Engine
     from model_node.service import LocalGenerator, ModelNodeService
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    params = conf["model_node"]
+    stop = stop_on_signals()  # first: Ctrl-C at any stage below stops the node within seconds
     if args.stop_with_parent:
         asyncio.ensure_future(_watch_parent(os.getppid(), stop))
 
@@ -254,57 +307,60 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
             from None
     stages.begin(STAGES[0], detail=f"{args.load_model} (an embedded model is converted once into "
                                    f"{catalogue.cache_root()})")
-    model = await asyncio.to_thread(catalogue.resolve, getattr(args, "load_model", args.model), args.weights)
-    stages.begin(STAGES[1], usual_s=last_engine_start(args.load_model), detail=str(model.path))
-    ticker = asyncio.ensure_future(stages.ticking())
-    engine_task = asyncio.ensure_future(Engine.start(model, params))
-    stop_task = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({engine_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-    ticker.cancel()
-    if not engine_task.done():
-        log.info("stopped while the engine was starting")
-        engine_task.cancel()
+    resolved, model = await until_stopped(asyncio.to_thread(_prepare, args), stop)
+    if not resolved:
         await server.stop(None)
-        return 0
-    engine = engine_task.result()
-    _note_engine_start(args.load_model, engine.startup_s)
+        _abandon_start("preparing the weights")
+    directory = _directory(args, home)  # who the proxies and the group's members are
+    if args.committee and serving.honest:  # before the engine: the catalogue lists these weights?
+        checked, params = await until_stopped(_with_catalogue(directory, args, params), stop)
+        if not checked:
+            await server.stop(None)
+            await directory.close()
+            return 0
+    stages.begin(STAGES[1], usual_s=last_engine_start(args.load_model), detail=f"{model.path} ({args.weights_digest})")
+    ticker = asyncio.ensure_future(stages.ticking())
+    started, engine = await until_stopped(serving.start_engine(model, params), stop, grace_s=0.5)
+    ticker.cancel()
+    if not started:
+        await server.stop(None)
+        _abandon_start("loading the engine")
     stages.begin(STAGES[2])
     state = home / STATE_FILE
-    directory = metrics_runner = None
+    metrics_runner = None
     try:
         from gentorrent.ledger.txs import advertised_address
 
         address = advertised_address(args.listen, port, args.advertise) if (args.committee or args.directory) \
             else f"{args.listen.rpartition(':')[0]}:{port}"
-        generator = LocalGenerator(engine, keys.identity, params)
-        if args.dishonest:  # a cheating node claims --model whatever it really runs
-            from model_node import cheaters
+        from model_node.metrics import ModelMetrics
 
-            engine.model = args.model
-            generator = cheaters.make_generator(args.dishonest, generator, args.model)
-            log.warning("DISHONEST node (%s): serving %s as %s", args.dishonest, args.load_model, args.model)
-        directory = _directory(args, home)  # who the proxies and the group's members are
+        view = ModelMetrics()
+        generator = serving.generator(LocalGenerator(engine, keys.identity, params, tool_parser=args.tool_call_parser,
+                                                     on_finished=view.observe_request), args.model)
         router = gossip = None
         if args.forwarding:  # serve here or forward to a group peer (Algorithm 2)
             from model_node.forwarding import build_routing
 
             router, gossip = build_routing(keys.identity, generator, args.capacity, directory,
-                                           args.gossip_interval)
+                                           args.gossip_interval, params=conf["routing"])
         intake = None
         if directory is not None:  # the overlay: cloves in, reply cloves out to the users' proxies
             from gentorrent.channels import ChannelPool
             from model_node.intake import CloveIntake
 
             intake = CloveIntake(keys.identity.node_id_hex, keys.onion, router or generator, directory,
-                                 ChannelPool(own=tls_id))  # proxies' relays demand a client certificate
+                                 ChannelPool(own=tls_id),  # proxies' relays demand a client certificate
+                                 cloves=conf["cloves"], params=conf["overlay"], max_active=params.max_queued_requests)
         service = ModelNodeService(generator, capacity=args.capacity, address=address, clove_intake=intake,
                                    forwarder=router, gossip=gossip, generate_route=router)
         rpc.add_ModelNodeServicer_to_server(service, server)
         await server.start()
         # before registering: a node that cannot serve its metrics stops unlisted
-        metrics_runner, metrics_url = await _serve_metrics(args.metrics, service)
+        metrics_runner, metrics_url = await _serve_metrics(args.metrics, service, view)
         if args.committee:  # listed only once it answers: register, wait until committed
-            record = _model_record(keys, tls_id, address, engine.model, args.capacity)
+            record = _model_record(keys, address, engine.model, args.capacity,
+                                   args.weights_digest if serving.honest else "")  # a cheater claims none
             if not await _register(directory, record, stop):
                 return 0
         if gossip is not None:
@@ -313,8 +369,9 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
             "metrics": metrics_url,
             "address": address, "node_id": keys.identity.node_id_hex,
             "public_key": keys.identity.public_key.hex(), "model": engine.model,
-            "cert_file": str(home / tls.CERT_FILE), "pid": os.getpid(), "capacity": args.capacity,
+            "cert_file": str(home / tls.PIN_FILE), "pid": os.getpid(), "capacity": args.capacity,
             "engine_startup_s": round(engine.startup_s, 2), "ready_s": round(time.monotonic() - t0, 2),
+            "weights_digest": args.weights_digest,
         })
         log.info("serving %s on %s as node %s (ready in %.1f s)", engine.model, address,
                  keys.identity.node_id_hex[:16], time.monotonic() - t0)
@@ -340,13 +397,91 @@ async def _serve_async(args, home: Path, params: ModelNodeParams) -> int:
     return 0
 
 
+#: how long no engine process may appear before an abandoned start-up exits, and the most it waits
+ABANDON_QUIET_S, ABANDON_MAX_S = 1.0, 3.0
+
+
+def _abandon_start(stage: str) -> NoReturn:
+    """Stopped while a start-up thread works (converting weights, building the vLLM engine):
+    such a thread cannot be cancelled, and asyncio.run would wait for it to finish (the engine
+    loading to its end, 40 s and more) before exiting. Nothing of it is kept (the conversion
+    commits by a rename, the engine holds nothing on disk), so the engine's processes are
+    stopped and this one leaves now: within seconds, without a traceback, exit status 0."""
+    import psutil  # a dependency of vLLM
+
+    log.info("stopped while %s", stage)
+    # the building thread goes on meanwhile and may spawn vLLM's engine process after a sweep (seen:
+    # an engine left loading, its SIGINT blocked, holding this process's stderr): sweep until none
+    # has appeared for ABANDON_QUIET_S, at most ABANDON_MAX_S
+    me, started, quiet_since = psutil.Process(), time.monotonic(), time.monotonic()
+    while time.monotonic() - quiet_since < ABANDON_QUIET_S and time.monotonic() - started < ABANDON_MAX_S:
+        children = me.children(recursive=True)
+        if children:
+            quiet_since = time.monotonic()
+            for child in children:
+                with contextlib.suppress(psutil.Error):
+                    child.terminate()
+            _, alive = psutil.wait_procs(children, timeout=2.0)
+            for child in alive:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+        time.sleep(0.05)
+    print(f"gt-model: stopped while {stage}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+#: engine options a catalogue entry names (CatalogueEntry field -> ModelNodeParams field; "" / 0: none)
+CATALOGUE_OPTIONS = {"dtype": "dtype", "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype",
+                     "max_model_len": "max_model_len"}
+
+
+async def _with_catalogue(directory, args, params: ModelNodeParams) -> ModelNodeParams:
+    """The committee's catalogue, read before the engine loads: weights the catalogue does not
+    list for this model name stop the node now (the registration would be refused after the
+    engine's minute of loading), and a listed entry's engine options apply where the command
+    line gave none. An unreachable committee is no error here: the registration waits for it."""
+    from dataclasses import replace
+
+    from gentorrent.ledger import catalogue as committee_catalogue
+    from gentorrent.ledger.committee import CommitteeUnreachable
+    from gentorrent.ledger.signed_tx import TxError
+
+    try:
+        listed = [e for e in await asyncio.wait_for(directory.catalogue(), 30) if e.get("model") == args.model]
+    except (CommitteeUnreachable, asyncio.TimeoutError, ValueError) as exc:
+        log.warning("cannot read the committee's catalogue yet (%s); the registration will tell", exc)
+        return params
+    try:
+        committee_catalogue.check_listed([committee_catalogue.entry_of(
+            {k: e[k] for k in committee_catalogue.FIELDS}) for e in listed], args.model, args.weights_digest)
+    except TxError as exc:
+        raise UsageError(f"cannot join the network: {exc}", EXIT_NO_NODE) from None
+    mine = next((e for e in listed if e["weights_digest"] == args.weights_digest), None)
+    if mine is None:
+        return params
+    given = {field for field in CATALOGUE_OPTIONS if getattr(args, field, None) is not None}
+    options = {CATALOGUE_OPTIONS[f]: mine[f] for f in CATALOGUE_OPTIONS if f not in given and mine.get(f)}
+    if options:
+        log.info("the committee's catalogue runs %s with %s", args.model, options)
+    return replace(params, **options)
+
+
 def _directory(args, home: Path):
     """The directory this node works from: the committee's (light-client checked) or a static
     file (tests); None when neither is given (then it serves direct Generate calls only)."""
     if args.committee:
         from gentorrent.ledger.committee import CommitteeDirectory
+        from gentorrent.ledger.light_client import TrustFileError
 
-        return CommitteeDirectory.from_args(str(args.committee), home)
+        from gentorrent.config import ROUTING
+
+        try:  # the group's roster is followed at the routing refresh, not a user node's pace
+            return CommitteeDirectory.from_args(str(args.committee), home,
+                                                roster_refresh_s=ROUTING.directory_refresh_s)
+        except TrustFileError as exc:  # a damaged trust file: the operator decides (see its message)
+            raise UsageError(str(exc)) from None
     if args.directory:
         from gentorrent.ledger.directory import StaticDirectory
 
@@ -378,25 +513,48 @@ async def _register(directory, record, stop: asyncio.Event) -> bool:
     return True
 
 
-def _model_record(keys, tls_id, address: str, model: str, capacity: int):
-    """What this node registers: identity, advertised address, certificate, onion key, model."""
+def _model_record(keys, address: str, model: str, capacity: int, weights_digest: str = ""):
+    """What this node registers: identity (peers pin its key), advertised address, onion key,
+    model, and its weights' digest (which the committee's catalogue must list, when it lists
+    the model)."""
     from gentorrent.ledger.sections import ModelRecord
 
     return ModelRecord(node_id=keys.identity.node_id, public_key=keys.identity.public_key, address=address,
-                       model=model, onion_key=keys.onion.public_key, tls_cert_pem=tls_id.cert_pem,
-                       capacity=capacity)
+                       model=model, onion_key=keys.onion.public_key, capacity=capacity,
+                       weights_digest=weights_digest)
 
 
-async def _serve_metrics(listen: str | None, service) -> tuple:
-    """--- Prometheus text: load, served requests, prefix-cache counters."""
+def _prepare(args):
+    """Stage 1: the weights (an embedded model is converted once), and --tool-call-parser
+    checked against vLLM's parsers (importing vLLM, which the engine needs next anyway)."""
+    from model_node import catalogue
+
+    args.tool_call_parser = _tool_parser(args.tool_call_parser)
+    model = catalogue.resolve(args.load_model, args.weights)
+    args.weights_digest = catalogue.cached_weights_digest(model.path, args.home_dir / DIGEST_FILE)
+    return model
+
+
+def _tool_parser(name: str | None) -> str | None:
+    """--tool-call-parser: one of vLLM's registered tool parsers, or none."""
+    if not name or name.lower() == "none":
+        return None
+    from vllm.tool_parsers import ToolParserManager
+
+    known = ToolParserManager.list_registered()
+    if name not in known:
+        raise UsageError(f"--tool-call-parser {name!r} is not one of vLLM's: {', '.join(sorted(known))}")
+    return name
+
+
+async def _serve_metrics(listen: str | None, service, view) -> tuple:
+    """--- Prometheus text: vLLM's request families, load, served requests, prefix-cache counters."""
     if not listen:
         return None, ""
     from aiohttp import web
 
     from gentorrent.metrics import metrics_route, serve_app
-    from model_node.metrics import ModelMetrics
 
-    view = ModelMetrics()
     app = web.Application()
     app.router.add_routes([metrics_route(lambda: view.update(service.status_dict()))])
     host = listen.rpartition(":")[0]
@@ -440,12 +598,12 @@ async def _status(home: Path, timeout: float) -> int:
         state = read_state(home)
     except (OSError, ValueError):
         print(f"gt-model: no model node is running with home {home} (no {STATE_FILE})", file=sys.stderr)
-        return 1
+        return EXIT_NO_NODE
     try:
         channel = await tls.connect(state["address"], Path(state["cert_file"]).read_bytes(), timeout=timeout)
     except (OSError, tls.TlsError) as exc:
         print(f"gt-model: node at {state['address']} does not answer: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_NO_NODE
     try:
         reply = await rpc.ModelNodeStub(channel).Status(pb.Empty(), timeout=timeout)
     finally:

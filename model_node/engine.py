@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import time
 import uuid
 from collections import OrderedDict
@@ -110,6 +111,7 @@ class EngineDelta:
     logprobs: tuple[float, ...] = ()  # of token_ids, when asked for
     finished: bool = False
     finish_reason: str = ""
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token: (id, logprob) best first, when asked
 
 
 @dataclass(frozen=True)
@@ -244,9 +246,9 @@ class Engine:
         if prompt.is_chat:
             if not getattr(tok, "chat_template", None):
                 raise BadRequestError(f"{self.model} has no chat template (a base model): send a raw prompt")
-            msgs = [{"role": r, "content": c} for r, c in prompt.messages]
-            try:
-                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            try:  # the tools go to the template, as vLLM passes them (a template without tools ignores them)
+                ids = tok.apply_chat_template(prompt.template_messages(), tools=prompt.template_tools(),
+                                              add_generation_prompt=True, tokenize=True)
             except Exception as exc:  # templates raise on orders they do not support
                 raise BadRequestError(f"chat template refused the messages: {exc}") from exc
             if hasattr(ids, "keys"):
@@ -256,6 +258,10 @@ class Engine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as vLLM's logprobs show it."""
+        return self.tokenizer.decode([token_id])
 
     def check_fits(self, prompt_ids: Sequence[int], reserve: int = 1) -> None:
         room = self.max_model_len - reserve
@@ -272,27 +278,28 @@ class Engine:
         """Stream a completion of `prompt_ids` as deltas; the last one has finished=True.
 
         The caller has checked the prompt once (`check_fits`, done by LocalGenerator.prepare);
-        it is not checked again here. max_tokens is clipped to what the context leaves after
-        the prompt. Leaving the iterator early (or cancelling) aborts the request inside vLLM.
+        it is not checked again here. max_tokens is clipped to what the context leaves after the
+        prompt (unset: all of it, as vLLM). `logprobs`: None, or how many alternatives to report
+        per token besides the sampled one's logprob (0: only that). Leaving the iterator early (or
+        cancelling) aborts the request inside vLLM.
         """
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         ids = list(prompt_ids)
-        sp = SamplingParams(
-            temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else 0, seed=sampling.seed,
-            stop=list(sampling.stop) or None,
-            max_tokens=min(sampling.max_tokens, self.max_model_len - len(ids)),
-            logprobs=logprobs, output_kind=RequestOutputKind.DELTA,
-        )
+        room = self.max_model_len - len(ids)
+        sp = vllm_sampling(sampling, room if sampling.max_tokens is None else min(sampling.max_tokens, room),
+                           logprobs, RequestOutputKind.DELTA)
         async for out in self._run(ids, sp, request_id):
             o = out.outputs[0]
             lps: tuple[float, ...] = ()
+            top: tuple = ()
             if logprobs is not None and o.logprobs:
                 lps = tuple(pos[t].logprob for pos, t in zip(o.logprobs, o.token_ids))
+                top = tuple(tuple(sorted(((i, lp.logprob) for i, lp in pos.items()
+                                          if lp.rank is not None and lp.rank <= logprobs),
+                                         key=lambda x: -x[1])[:logprobs]) for pos in o.logprobs)
             yield EngineDelta(o.text, tuple(o.token_ids), lps, out.finished,
-                        (o.finish_reason or "") if out.finished else "")
+                              (o.finish_reason or "") if out.finished else "", top)
 
     async def _run(self, ids: list[int], sp, request_id: str | None):
         from vllm.exceptions import VLLMClientError
@@ -387,13 +394,62 @@ class Engine:
             llm.__dict__["shutdown"] = lambda *a, **k: None
 
 
+def vllm_sampling(sampling: Sampling, max_tokens: int, logprobs: int | None, output_kind):
+    """vLLM's SamplingParams for a checked Sampling (every field vLLM's OpenAI server maps)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k if sampling.top_k > 0 else 0, seed=sampling.seed,
+        stop=list(sampling.stop) or None, max_tokens=max_tokens, logprobs=logprobs, output_kind=output_kind,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty, min_p=sampling.min_p,
+        min_tokens=min(sampling.min_tokens, max_tokens), stop_token_ids=list(sampling.stop_token_ids) or None,
+        ignore_eos=sampling.ignore_eos, logit_bias=dict(sampling.logit_bias) or None,
+        structured_outputs=structured_outputs(sampling.structured),
+    )
+
+
+def structured_outputs(structured: tuple[int, str] | None):
+    """vLLM's StructuredOutputsParams of a (StructuredOutput.Kind, spec), or None."""
+    if structured is None:
+        return None
+    import json
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from gentorrent.generation import Structured
+
+    kind, spec = structured
+    if kind == Structured.JSON_SCHEMA:
+        return StructuredOutputsParams(json=json.loads(spec))
+    if kind == Structured.JSON_OBJECT:
+        return StructuredOutputsParams(json_object=True)
+    if kind == Structured.REGEX:
+        return StructuredOutputsParams(regex=spec)
+    if kind == Structured.CHOICE:
+        return StructuredOutputsParams(choice=json.loads(spec))
+    return StructuredOutputsParams(grammar=spec)
+
+
 def _build_llm(model: ResolvedModel, params: ModelNodeParams, stats: LoadStats, max_model_len: int | None):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = AsyncEngineArgs(**engine_arguments(model, params, max_model_len, on_cpu=current_platform.is_cpu()))
-    return AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
+    # A terminal's Ctrl-C reaches the whole process group: an engine process spawned from here
+    # inherits this thread's signal mask, so it does not die mid-import printing a traceback of
+    # its own; gt-model stops it (`cli._abandon_start`, `Engine.shutdown`). multiprocessing's
+    # resource tracker starts first: starting it unblocks SIGINT in the calling thread
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def engine_arguments(model: ResolvedModel, params: ModelNodeParams, max_model_len: int | None,
@@ -408,12 +464,15 @@ def engine_arguments(model: ResolvedModel, params: ModelNodeParams, max_model_le
     """
     args = dict(
         model=str(model.path), served_model_name=model.name, tokenizer=str(model.path),
-        dtype=params.cpu_dtype if on_cpu else params.gpu_dtype, enforce_eager=on_cpu, enable_prefix_caching=True,
-        max_model_len=_context_length(model, max_model_len or params.max_model_len),
+        dtype=params.dtype or (params.cpu_dtype if on_cpu else params.gpu_dtype), enforce_eager=on_cpu,
+        enable_prefix_caching=True, quantization=params.quantization or None, kv_cache_dtype=params.kv_cache_dtype,
+        max_model_len=context_length(model, max_model_len or params.max_model_len),
         max_num_seqs=params.max_running_requests, disable_log_stats=True,
         num_gpu_blocks_override=params.kv_cache_blocks or None,  # routing bench: small KV
         seed=0,
     )
+    if on_cpu:  # a user's seed must not be able to kill the engine (model_node/vllm_cpu_seeds.py)
+        args.update(worker_extension_cls="model_node.vllm_cpu_worker.SeededRequestsOnCpu")
     if not on_cpu:
         args.update(tensor_parallel_size=params.tensor_parallel_size,
                     gpu_memory_utilization=params.gpu_memory_utilization)
@@ -431,7 +490,7 @@ def local_gpus_gib() -> list[float]:
     return [torch.cuda.get_device_properties(i).total_memory / 2 ** 30 for i in range(torch.cuda.device_count())]
 
 
-def _context_length(model: ResolvedModel, cap: int) -> int:
+def context_length(model: ResolvedModel, cap: int) -> int:
     """min(cap, the model's own context), read from its config.json."""
     import json
 

@@ -27,6 +27,7 @@ import grpc
 
 from gentorrent.config import ROUTING, RoutingParams
 from gentorrent.crypto import tls
+from model_node.gossip import GroupGossip
 from model_node.engine import EngineError
 from model_node.service import LocalGenerator
 from gentorrent.channels import ChannelPool
@@ -110,7 +111,7 @@ class Router:
 
     async def _call_peer(self, peer: ModelRecord, request: pb.GenerateRequest, hops: int
                          ) -> AsyncIterator[pb.GenerateChunk]:
-        channel = self.channels.get(peer.address, peer.tls_cert_pem)
+        channel = self.channels.to(peer)
         await asyncio.wait_for(channel.channel_ready(), self.params.forward_connect_timeout_s)
         call = rpc.ModelNodeStub(channel).Forward(
             pb.ForwardRequest(request=request, origin_node_id=self.generator.identity.node_id,
@@ -150,8 +151,6 @@ def kv_capacity_tokens(engine) -> int:
 def build_routing(identity, generator: LocalGenerator, capacity: int, directory,
                   interval_s: float | None = None, params: RoutingParams = ROUTING):
     """The Router and the gossip shell of one model node, sharing one `GroupRouting`."""
-    from model_node.gossip import GroupGossip
-
     group = GroupRouting(identity.node_id_hex, capacity, kv_capacity_tokens(generator.engine),
                          version_base=int(time.time() * 1000), params=params)
     channels = ChannelPool()

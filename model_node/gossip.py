@@ -140,6 +140,7 @@ class GroupGossip:
             return
         self._refreshed_at = now
         try:
+            await self.directory.follow(self.model)  # the group's roster: held and kept fresh from now on
             await self.directory.refresh()
         except Exception as exc:  # a directory that fails its proof: keep the last good roster
             log.warning("group roster not refreshed: %s", exc)
@@ -173,7 +174,7 @@ class GroupGossip:
         """One Gossip call to one peer; False (and the peer's view of us reset) on failure."""
         msg = self.build_message(peer.node_id_hex)
         try:
-            channel = self.channels.get(peer.address, peer.tls_cert_pem)
+            channel = self.channels.to(peer)
             reply = await rpc.ModelNodeStub(channel).Gossip(
                 msg, timeout=self.params.gossip_rpc_timeout_s)
         except (grpc.aio.AioRpcError, tls.TlsError, OSError) as exc:

@@ -77,7 +77,7 @@ class CloveIntake:
         self.onion_key = onion_key
         self.generate = generate
         self.directory = directory
-        self.index = PeerIndex(directory, on_miss=self._refresh_soon)
+        self.index = PeerIndex(directory)  # a proxy it does not hold is looked up by id (`_known`)
         self.channels = channels or ChannelPool()
         self.cloves = cloves
         self.params = params
@@ -92,7 +92,6 @@ class CloveIntake:
                             grace_s=params.delivery_grace_s)
         self.groups = CloveGroups(cloves.k, params.max_pending_groups, params.reassembly_timeout_s,
                                   max_cloves=cloves.n, n=cloves.n)
-        self._last_refresh = float("-inf")
         self.served = 0
         self.public_key_ops = 0  # X25519 operations: one per ask (bench and tests read it)
         self.reply_cloves = 0  # reply cloves queued to proxies (what a query can make this node send)
@@ -103,7 +102,7 @@ class CloveIntake:
 
     async def Link(self, request_iterator, context) -> None:
         """The ModelNode.Link handler: a proxy's stream, after its signed hello."""
-        await self.hub.serve_with_hello(context, self.index.user, self._refresh)
+        await self.hub.serve_with_hello(context, self.index.user, self.index.resolve)
 
     async def on_establish(self, link: Link, request: pb.EstablishRequest) -> pb.EstablishReply:
         return pb.EstablishReply(ok=False, reason=DropReason.UNKNOWN_PEER.value)  # model nodes relay no paths
@@ -215,9 +214,10 @@ class CloveIntake:
         ask.routes = list(query.routes)
 
     async def _known(self, query: pb.OverlayQuery) -> None:
-        """Re-read the directory once if a route names a proxy it does not list yet."""
-        if any(self.index.user(r.proxy.hex()) is None for r in query.routes):
-            await self._refresh()
+        """Look up (by node id, with a proof) every route's proxy this node does not hold yet."""
+        unknown = {r.proxy.hex() for r in query.routes if self.index.user(r.proxy.hex()) is None}
+        if unknown:
+            await asyncio.gather(*(self.index.resolve(p) for p in unknown))
 
     async def _say(self, ask: Ask, query: pb.OverlayQuery, error: str) -> None:
         await self._known(query)
@@ -269,24 +269,9 @@ class CloveIntake:
 
     # ------------------------------------------------------------------ directory
 
-    def _refresh_soon(self) -> None:
-        """A proxy we do not list may just have registered: re-read the directory (1/s at most)."""
-        now = self.clock()
-        if now - self._last_refresh < 1.0:
-            return
-        self._last_refresh = now
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # looked up outside the event loop (tests): nothing to schedule
-            return
-        self._spawn(self._refresh())
-
     async def _refresh(self) -> None:
-        """One refresh at a time, shared by everything that waits for it: a committee directory
-        takes a round trip or two, and the n reply routes of a new user's first query all name
-        proxies this node does not know yet."""
+        """Re-read what the directory holds (one refresh at a time, shared by every waiter)."""
         if self._refreshing is None or self._refreshing.done():
-            self._last_refresh = self.clock()
             self._refreshing = asyncio.ensure_future(self._refresh_now())
         await asyncio.shield(self._refreshing)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, Protocol
 
 import grpc
@@ -23,7 +23,9 @@ import grpc
 from gentorrent.config import MODEL_NODE, ModelNodeParams
 from gentorrent.crypto.keys import Identity
 from gentorrent import generation, receipts
+from model_node import tools
 from model_node.engine import Engine, EngineError
+from gentorrent.overlay.reply_pacing import merge_chunks
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
@@ -92,6 +94,11 @@ class LocalGenerator:
     identity: Identity
     params: ModelNodeParams = MODEL_NODE
     clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+    tool_parser: str | None = tools.DEFAULT_TOOL_PARSER  # vLLM's --tool-call-parser, for tool_choice "auto"
+    # (prompt tokens, output tokens, time to first token or None, end to end) of every finished
+    # generation: the node's metrics (model_node.metrics.ModelMetrics.observe_request)
+    on_finished: Callable[[int, int, float | None, float], None] | None = None
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.params.max_running_requests + self.params.max_queued_requests)
@@ -104,6 +111,14 @@ class LocalGenerator:
     def prepare(self, request: pb.GenerateRequest) -> PreparedJob:
         """Check and tokenize a request once; bad input raises here, before any state changes."""
         job = generation.parse_generate(request, self.model, self.params)
+        if job.operation == pb.GenerateRequest.DETOKENIZE:
+            vocab = len(self.engine.tokenizer)
+            if any(t >= vocab for t in job.token_ids):
+                raise generation.BadRequestError(f"token ids must be below the vocabulary's {vocab}")
+            return PreparedJob(request, job, ())
+        constraint = tools.constraint(job)  # a forced tool choice: guided by the tools' schema
+        if constraint is not None:
+            job = replace(job, sampling=replace(job.sampling, structured=constraint))
         prompt_ids = self.engine.encode(job.prompt)
         self.engine.check_fits(prompt_ids)
         return PreparedJob(request, job, tuple(prompt_ids))
@@ -114,29 +129,69 @@ class LocalGenerator:
 
     async def serve(self, prepared: PreparedJob) -> AsyncIterator[pb.GenerateChunk]:
         """Run a prepared job on the engine and sign the reply (variants override this)."""
-        request = prepared.request
+        request, job = prepared.request, prepared.job
+        if job.operation != pb.GenerateRequest.GENERATE:
+            yield self._sign(self._token_operation(prepared), prepared)
+            return
         served_by = self.identity.node_id_hex
         final = None
+        held: list[pb.GenerateChunk] = []  # a reply that may be tool calls goes out whole, parsed
+        t0, first = self.clock(), None
         with self.admission:  # the slot is freed as soon as the engine is done
             out: list[int] = []
-            logprobs = 0 if request.return_logprobs else None
-            async for d in self.engine.generate(prepared.prompt_ids, prepared.job.sampling,
-                                                request.request_id or None, logprobs):
+            logprobs = job.sampling.top_logprobs if request.return_logprobs else None
+            async for d in self.engine.generate(prepared.prompt_ids, job.sampling, request.request_id or None,
+                                                logprobs):
                 out.extend(d.token_ids)
+                if first is None and d.token_ids:
+                    first = self.clock() - t0
                 chunk = pb.GenerateChunk(text=d.text, token_ids=d.token_ids, served_by=served_by,
                                          logprobs=d.logprobs)
+                if logprobs is not None:
+                    chunk.top_logprobs.extend(self._alternatives(d))
                 if d.finished:
                     final = chunk
                     break
-                yield chunk
+                if job.calls_tools:
+                    held.append(chunk)
+                else:
+                    yield chunk
         if final is None:
             raise EngineError("the engine ended the request without a final output")
         final.final = True
         final.finish_reason = d.finish_reason
-        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, request, out, self.clock_ms(),
+        if job.calls_tools:
+            final = _with_tool_calls(merge_chunks(held + [final]), job, self.engine.tokenizer, self.tool_parser)
+        if self.on_finished is not None:
+            self.on_finished(len(prepared.prompt_ids), len(out), first, self.clock() - t0)
+        yield self._sign(final, prepared, out)
+
+    def _alternatives(self, d) -> list[pb.TokenAlternatives]:
+        """Per output token: its text and its top alternatives (ids, logprobs, texts)."""
+        text = self.engine.token_text
+        out = []
+        for i, token in enumerate(d.token_ids):
+            alts = d.top[i] if i < len(d.top) else ()
+            out.append(pb.TokenAlternatives(token=text(token), token_ids=[a for a, _ in alts],
+                                            logprobs=[lp for _, lp in alts], tokens=[text(a) for a, _ in alts],
+                                            logprob=d.logprobs[i] if i < len(d.logprobs) else 0.0))
+        return out
+
+    def _token_operation(self, prepared: PreparedJob) -> pb.GenerateChunk:
+        """TOKENIZE: the prompt's tokens (chat template applied); DETOKENIZE: the text of ids."""
+        if prepared.job.operation == pb.GenerateRequest.TOKENIZE:
+            return pb.GenerateChunk(token_ids=prepared.prompt_ids, served_by=self.identity.node_id_hex,
+                                    final=True, finish_reason="stop", max_model_len=self.engine.max_model_len)
+        ids = prepared.job.token_ids
+        return pb.GenerateChunk(text=self.engine.decode(ids), token_ids=ids, served_by=self.identity.node_id_hex,
+                                final=True, finish_reason="stop")
+
+    def _sign(self, final: pb.GenerateChunk, prepared: PreparedJob, out: list[int] | None = None) -> pb.GenerateChunk:
+        final.receipt.CopyFrom(receipts.make_receipt(self.identity, self.model, prepared.request,
+                                                     list(final.token_ids) if out is None else out, self.clock_ms(),
                                                      prompt_tokens=len(prepared.prompt_ids)))
         self.served += 1
-        yield final
+        return final
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreReply:
         job = generation.parse_score(request, self.model, self.params)
@@ -149,6 +204,16 @@ class LocalGenerator:
                                   top_ids=[i for i, _ in t.top], top_logprobs=[lp for _, lp in t.top])
                     for t in result.tokens],
         )
+
+
+def _with_tool_calls(final: pb.GenerateChunk, job: generation.GenerateJob, tokenizer,
+                     parser: str | None) -> pb.GenerateChunk:
+    content, calls = tools.parse_reply(job, final.text, tokenizer, parser)
+    if calls:
+        final.text = content
+        final.tool_calls.extend(calls)
+        final.finish_reason = "tool_calls"
+    return final
 
 
 # --------------------------------------------------------------------------- injected parts

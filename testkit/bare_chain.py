@@ -1,6 +1,8 @@
 """The floor of an overlay path: bare gRPC stream hops that only pass frames on (benchmarks only).
 
-A `bare hop` is one process with one TLS server (mutual TLS, as a relay's) and one
+A `bare hop` is one process with one TLS server (mutual TLS, as a relay's: its leaf signed by
+its identity key, pinned by that key; callers present a leaf chained to the public network
+root, gentorrent.crypto.tls) and one
 long-lived outbound Link stream to the next hop towards the source; every LinkFrame it reads
 from that stream it writes back on the stream its caller (the next hop towards the sink)
 opened: no layer, no lookup, no crypto beyond TLS. That is the direction replies take in the
@@ -15,8 +17,9 @@ is what an overlay reply message cannot cost less than in this stack; bench/over
 
     python -m testkit.bare_chain --dir DIR --next-address HOST:PORT --next-cert FILE   # next: towards the source
 
-prints {"address": ...} once listening; DIR holds its tls.crt.pem / tls.key.pem and
-roots.pem (the certificates allowed to call it); stops on SIGTERM.
+prints {"address": ...} once listening; DIR holds its tls.crt.pem / tls.key.pem, the chain it
+presents as a caller (chain.pem) and its pin (tls.pin.pem, what the hop that dials it trusts);
+stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -36,17 +39,24 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
 
+CHAIN_FILE = "chain.pem"
+
+
 def make_identity(directory: Path) -> tls.TlsIdentity:
-    """A fresh self-signed TLS identity written to `directory`."""
+    """A fresh key-bound TLS identity written to `directory` (as a relay's: tls.TlsIdentity.bound),
+    with its pin (tls.PIN_FILE)."""
     directory.mkdir(parents=True, exist_ok=True)
-    identity = tls.make_self_signed(Identity.generate())
-    (directory / tls.CERT_FILE).write_bytes(identity.cert_pem)
-    (directory / tls.KEY_FILE).write_bytes(identity.key_pem)
-    return identity
+    identity = Identity.generate()
+    own = tls.TlsIdentity.bound(identity)
+    (directory / tls.CERT_FILE).write_bytes(own.cert_pem)
+    (directory / tls.KEY_FILE).write_bytes(own.key_pem)
+    (directory / CHAIN_FILE).write_bytes(own.client_chain)
+    (directory / tls.PIN_FILE).write_bytes(tls.anchor_pem(identity.public_key))
+    return own
 
 
 def load_identity(directory: Path) -> tls.TlsIdentity:
-    return tls.TlsIdentity((directory / tls.CERT_FILE).read_bytes(), (directory / tls.KEY_FILE).read_bytes())
+    return tls.TlsIdentity(*((directory / name).read_bytes() for name in (tls.CERT_FILE, tls.KEY_FILE, CHAIN_FILE)))
 
 
 class BareHop(rpc.RelayServicer):
@@ -130,9 +140,8 @@ class BareSink:
 
 async def _serve(directory: Path, next_address: str, next_cert: bytes) -> None:
     own = load_identity(directory)
-    roots = (directory / "roots.pem").read_bytes()
     hop = BareHop(own, next_address, next_cert)
-    server, port = tls.new_server(own, "127.0.0.1:0", client_roots=lambda: roots)
+    server, port = tls.new_server(own, "127.0.0.1:0", identify_callers=True)
     rpc.add_RelayServicer_to_server(hop, server)
     await server.start()
     print(json.dumps({"address": f"127.0.0.1:{port}"}), flush=True)

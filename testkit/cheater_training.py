@@ -8,7 +8,7 @@ would, with seeds of its own, and labels them "challenge"; the prompts its own u
 are "user" (`served_prompts`: user messages of the held-out pool, the conversations no
 challenge is drawn from, which stand for real traffic throughout the benchmarks; the small
 hand-written testkit/user_prompts.py serves the unit tests). The model is
-a class-balanced logistic regression on word unigrams and bigrams (model_node/selective.py
+a class-balanced logistic regression on word unigrams and bigrams (testkit/selective.py
 evaluates it; scikit-learn trains it here, off the node). Prints ONE JSON line: cross-validated accuracy, the
 share of challenges it recognises (TPR) and of user prompts it mistakes for challenges (FPR),
 and the same on an independent held-out set of challenges when one is given.
@@ -22,7 +22,7 @@ import os
 import random
 from pathlib import Path
 
-from model_node.selective import TextModel, features
+from testkit.selective import TextModel, features
 
 __all__ = ["challenge_questions", "cross_validate", "rates", "train_text_model", "served_prompts",
            "operating_threshold"]

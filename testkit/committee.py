@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gentorrent.crypto.keys import Identity, OnionKey
-from gentorrent.crypto.tls import connect, make_self_signed
+from gentorrent.crypto.tls import connect
 from devnet.supervisor import Supervisor, free_port_block, python_module
 from testkit.faultproxy import FaultNetwork
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from gentorrent.ledger import txs
+from gentorrent.ledger.genesis import loopback_pow_nonce
 from verifier.consensus.home import NodeConfig
 from gentorrent.ledger.chain import Block
 from gentorrent.ledger.genesis import Genesis
@@ -45,9 +46,8 @@ def node_name(i: int) -> str:
 def new_registration(k: int, chain_id: str) -> tuple[str, bytes]:
     """A fresh user's (node id hex, signed registration tx)."""
     identity, onion = Identity.generate(), OnionKey.generate()
-    cert = make_self_signed(identity).cert_pem
-    tx = txs.register_user(identity, f"127.0.0.1:{30000 + k % 30000}", onion.public_key, cert, "eu-west", 1,
-                           chain_id=chain_id)
+    tx = txs.register_user(identity, f"127.0.0.1:{30000 + k % 30000}", onion.public_key, "eu-west", 1,
+                           chain_id=chain_id, pow_nonce=loopback_pow_nonce(chain_id, identity.public_key))
     return identity.node_id_hex, tx
 
 
@@ -229,6 +229,6 @@ async def audit(c: ProxiedCommittee, ledger: Ledger, timeout_s: float = 60.0) ->
     evidence: dict[int, int] = {}
     for block in chains[0]:
         for ev in block.evidence:
-            evidence[ev.vote_a.validator] = evidence.get(ev.vote_a.validator, 0) + 1
+            evidence[ev.validator] = evidence.get(ev.validator, 0) + 1
     lost = len(set().union(*map(set, missing)))
     return Audit(top, forks, app_equal, evidence, lost, converge_s)

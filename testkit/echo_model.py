@@ -17,6 +17,10 @@ test proves that check holds on real processes (`--misbehave KIND`):
   check (asking.receipt_is_valid) refuses it.
 
     python -m testkit.echo_model --home DIR (--directory FILE | --committee GENESIS) [--gossip] [--misbehave KIND]
+                                 [--listen H:P [--advertise H:P]] [--model NAME]
+
+With --committee it registers itself as `gt-model serve --committee` does, and writes the same
+`node.json` to its home (what the devnet's `--echo` model nodes are).
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ class EchoModelNode(rpc.ModelNodeServicer):
     def __init__(self, home: Path, directory_path: Path | Directory, model: str = MODEL_NODE.default_model,
                  chunks: int = 1, cloves: CloveParams = CLOVES, params: OverlayParams = OVERLAY,
                  chunk_delay_s: float = 0.0, context_bytes: int | None = None,
-                 stream_tokens: int | None = None, stream_s: float = 0.0, gossip: bool = False) -> None:
+                 stream_tokens: int | None = None, stream_s: float = 0.0, gossip: bool = False,
+                 listen: str = "127.0.0.1:0", advertise: str | None = None) -> None:
         """`directory_path`: a static directory file, or any Directory (a CommitteeDirectory:
         then the stand-in registers itself with the committee, as `gt-model serve` does).
         `context_bytes`: the echo engine's "context"; a longer prompt is refused as the
@@ -86,7 +91,9 @@ class EchoModelNode(rpc.ModelNodeServicer):
         self.prompts: list[str] = []
         self.requests: list[pb.GenerateRequest] = []  # every decoded query, as the node saw it
         self.context_bytes = context_bytes
+        self.listen, self.advertise = listen, advertise  # where it listens, and registers (behind NAT)
         self.address = ""
+        self.weights_digest = ""  # what it registers as its weights' digest (gentorrent.ledger.catalogue)
         self._server = None
         self.gossip: GroupGossip | None = None
         if gossip:
@@ -97,14 +104,14 @@ class EchoModelNode(rpc.ModelNodeServicer):
     @property
     def record(self) -> ModelRecord:
         return ModelRecord(self.keys.identity.node_id, self.keys.identity.public_key, self.address,
-                           self.model, self.keys.onion.public_key, self.tls.cert_pem)
+                           self.model, self.keys.onion.public_key, weights_digest=self.weights_digest)
 
     async def start(self) -> None:
-        server, port = tls.new_server(self.tls, "127.0.0.1:0")
+        server, port = tls.new_server(self.tls, self.listen)
         rpc.add_ModelNodeServicer_to_server(self, server)
         await server.start()
         self._server = server
-        self.address = f"127.0.0.1:{port}"
+        self.address = self.advertise or f"{self.listen.rpartition(':')[0]}:{port}"
         if hasattr(self.directory, "register_model"):
             await self.directory.register_model(self.record)
         else:
@@ -224,14 +231,15 @@ def home_config(home: Path) -> dict:
     own: the node must decode with its askers' k."""
     from gentorrent import settings
 
-    conf = settings.load_home(home, settings.USER_SECTIONS)
+    conf = settings.load_home(home, settings.MODEL)
     return {"cloves": conf["cloves"], "params": conf["overlay"]}
 
 
 async def _serve_echo(home: Path, directory: Path | None, chunks: int, chunk_delay_s: float = 0.0,
                       admit: int | None = None, misbehave: str | None = None,
                       stream_tokens: int | None = None, stream_s: float = 0.0,
-                      committee: Path | None = None, gossip: bool = False) -> None:
+                      committee: Path | None = None, gossip: bool = False, model_name: str = MODEL_NODE.default_model,
+                      listen: str = "127.0.0.1:0", advertise: str | None = None) -> None:
     import json
     import signal
 
@@ -239,20 +247,29 @@ async def _serve_echo(home: Path, directory: Path | None, chunks: int, chunk_del
         from gentorrent.ledger.committee import CommitteeDirectory
 
         directory = CommitteeDirectory.from_args(str(committee), home)
+    where = {"model": model_name, "listen": listen, "advertise": advertise}
     if misbehave:  # a fault drill: never part of an honest node
         model: EchoModelNode = MisbehavingEchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
-                                                        misbehave=misbehave, **home_config(home))
+                                                        misbehave=misbehave, **where, **home_config(home))
     else:
         model = EchoModelNode(home, directory, chunks=chunks, chunk_delay_s=chunk_delay_s,
-                              stream_tokens=stream_tokens, stream_s=stream_s, gossip=gossip, **home_config(home))
+                              stream_tokens=stream_tokens, stream_s=stream_s, gossip=gossip, **where,
+                              **home_config(home))
     if admit is not None:
         model.intake.max_active = admit
+    t0 = time.monotonic()
     await model.start()
     print(json.dumps({"address": model.address, "node_id": model.record.node_id_hex}), flush=True)
+    state = Path(home) / "node.json"  # what `gt-model serve` writes (the devnet reads it)
+    state.write_text(json.dumps({"address": model.address, "node_id": model.record.node_id_hex,
+                                 "cert_file": str(Path(home) / tls.PIN_FILE), "capacity": model.record.capacity,
+                                 "model": model.model, "metrics": "", "pid": os.getpid(),
+                                 "ready_s": round(time.monotonic() - t0, 2)}))
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     await stop.wait()
+    state.unlink(missing_ok=True)
     await model.stop()
 
 
@@ -266,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--directory", help="a static directory file")
     where.add_argument("--committee", help="a genesis file: register with its committee and read its directory")
     ap.add_argument("--gossip", action="store_true", help="gossip with the model group (the directory's nodes of its model)")
+    ap.add_argument("--model", default=MODEL_NODE.default_model, help="the model name it claims")
+    ap.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT")
+    ap.add_argument("--advertise", default=None, help="HOST:PORT it registers (default: where it listens)")
     ap.add_argument("--chunks", type=int, default=1, help="stream each answer in this many chunks")
     ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="pause before every chunk after the first")
     ap.add_argument("--stream-tokens", type=int, default=None,
@@ -280,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     asyncio.run(_serve_echo(Path(args.home), Path(args.directory) if args.directory else None, args.chunks,
                             args.chunk_delay_s, args.admit, args.misbehave, args.stream_tokens, args.stream_s,
-                            Path(args.committee) if args.committee else None, args.gossip))
+                            Path(args.committee) if args.committee else None, args.gossip, args.model, args.listen,
+                            args.advertise))
     return 0
 
 

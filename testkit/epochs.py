@@ -20,18 +20,19 @@ from pathlib import Path
 
 from gentorrent.config import EPOCH_RUN
 from gentorrent.crypto.keys import Identity
-from gentorrent.crypto.tls import make_self_signed
 from gentorrent import receipts
 from gentorrent.traffic.corpus import Conversation
 from gentorrent.traffic.model import TrafficPool
 from testkit.committee import free_base_port
 from gentorrent.wire import gentorrent_pb2 as pb
-from model_node.selective import CorpusLookup
+from testkit.selective import CorpusLookup
 from verifier import cli
 from gentorrent.ledger import txs
+from gentorrent.ledger.genesis import loopback_pow_nonce
 from gentorrent.ledger.sections import decode_model
-from verifier.consensus.node import VerifierNode
-from verifier.epochs.runner import EpochRunner, LeaderFaults, ProbeAnswer, ProbeFailed
+from verifier.node import VerifierNode
+from testkit.leader_faults import LeaderFaults
+from verifier.epochs.runner import EpochRunner, ProbeAnswer, ProbeFailed
 from verifier.epochs.scoring import TokenScores
 
 #: fast epochs: greedy challenges, no pacing, challenges sent at once
@@ -68,7 +69,7 @@ def _public_lookup() -> CorpusLookup:
 
 
 def in_public_pool(text: str) -> bool:
-    """A corpus lookup (the selective cheater's, model_node/selective.py) in the scripted pool."""
+    """A corpus lookup (the selective cheater's, testkit/selective.py) in the scripted pool."""
     return _public_lookup().log_odds(text) > 0
 
 
@@ -174,13 +175,13 @@ class EpochCommittee:
             await node.stop()
 
     async def submit(self, tx: bytes) -> None:
-        reply = await self.nodes[0].submit_tx(tx, forwarded=False)
+        reply = await self.nodes[0].consensus.submit_tx(tx, forwarded=False)
         if reply.code != 0:
             raise RuntimeError(f"tx refused ({reply.code}): {reply.log}")
 
     async def register(self, ident: Identity, port: int) -> None:
-        await self.submit(txs.register_model(ident, f"127.0.0.1:{port}", MODEL, 5, make_self_signed(ident).cert_pem, 1,
-                                             chain_id=self.chain_id))
+        await self.submit(txs.register_model(ident, f"127.0.0.1:{port}", MODEL, 5, 1, chain_id=self.chain_id,
+                                             pow_nonce=loopback_pow_nonce(self.chain_id, ident.public_key)))
 
     def section(self) -> pb.EpochsSection:
         return pb.EpochsSection.FromString(self.nodes[0].app.query("/epochs").value)

@@ -64,7 +64,7 @@ class GossipNode:
     def __init__(self, directory_path: Path, clock: Clock, *, active: int = 0, capacity: int = 2,
                  params: RoutingParams = PARAMS, interval_s: float | None = None) -> None:
         self.identity = Identity.generate()
-        self.tls = tls.make_self_signed(self.identity)
+        self.tls = tls.TlsIdentity.bound(self.identity)
         self.id = self.identity.node_id_hex
         self.load = LocalLoad(active=active)
         self.capacity = capacity
@@ -84,8 +84,7 @@ class GossipNode:
 
     def record(self, trusted: bool = True, capacity: int | None = None) -> ModelRecord:
         return ModelRecord(bytes.fromhex(self.id), self.identity.public_key, self.address, MODEL,
-                           b"\0" * 32, self.tls.cert_pem,
-                           capacity=self.capacity if capacity is None else capacity, trusted=trusted)
+                           b"\0" * 32, capacity=self.capacity if capacity is None else capacity, trusted=trusted)
 
     def serve(self, tokens, now: float):
         """A user request enters the group here (hops = 0): Algorithm 2 decides where it goes."""
@@ -116,7 +115,7 @@ class Insider:
 
     def __init__(self, capacity: int = 1, params: RoutingParams = PARAMS) -> None:
         self.identity = Identity.generate()
-        self.tls = tls.make_self_signed(self.identity)
+        self.tls = tls.TlsIdentity.bound(self.identity)
         self.id = self.identity.node_id_hex
         self.capacity = capacity
         self.params = params
@@ -141,7 +140,7 @@ class Insider:
 
     def record(self) -> ModelRecord:
         return ModelRecord(bytes.fromhex(self.id), self.identity.public_key, self.address, MODEL,
-                           b"\0" * 32, self.tls.cert_pem, capacity=self.capacity)
+                           b"\0" * 32, capacity=self.capacity)
 
     def message(self, *, tree_delta: bytes | None = None, sentry_stats: bytes = b"",
                 layout: ChunkLayout | None = None, active: int = 0, capacity: int | None = None,
@@ -159,8 +158,8 @@ class Insider:
         return sign(self.identity, msg)
 
     async def send(self, target: GossipNode, msg: pb.GossipMessage) -> pb.GossipReply:
-        """One Gossip RPC to `target` over TLS pinned to its registered certificate."""
-        channel = tls.pinned_channel(target.address, target.tls.cert_pem)
+        """One Gossip RPC to `target` over TLS pinned to its registered key."""
+        channel = tls.pinned_channel(target.address, tls.anchor_pem(target.identity.public_key))
         try:
             reply = await rpc.ModelNodeStub(channel).Gossip(msg, timeout=self.params.gossip_rpc_timeout_s)
         finally:

@@ -36,11 +36,14 @@ from gentorrent.config import CONSENSUS, CONSENSUS_FAST
 from gentorrent.ledger.chain import (NIL, CommitError, Proposal, Step, Vote, VoteType, make_block,
                                      verify_commit)
 from testkit.simnet import (CHAIN, BlockReply, DecideCrash, Fate, Instance, KvHost, Network,
-                            SignCrash)
+                            SignCrash, WriteCrash, val_tx)
 from verifier.consensus import gossip
 from verifier.consensus.gossip import RoundState, VoteBits
 
 BEHAVIOURS = ("equivocate", "junk", "poison", "mute", "lie", "silent")
+#: proposals that lie about time or about a lock: far-future block times (a fast clock gone
+#: wrong, or an attempt to fast-forward the epochs' deadlines) and false proof-of-lock rounds
+FUTURE_BEHAVIOURS = ("future", "falsepol")
 
 
 # --------------------------------------------------------------------------- Byzantine behaviours
@@ -60,7 +63,7 @@ class Byzantine:
             return []
         if isinstance(msg, RoundState):
             return [self._lie(inst, msg, rng)] if "lie" in self.kinds and rng.random() < self.p else [msg]
-        if isinstance(msg, BlockReply) or msg.validator != inst.validator:
+        if isinstance(msg, BlockReply) or msg.validator != net.index_at(msg.height, inst):
             return [msg]
         out = [msg]
         if isinstance(msg, Vote):
@@ -70,9 +73,25 @@ class Byzantine:
                 out = self._twin_vote(inst, msg, rng, keep=rng.random() < 0.5)
         elif "poison" in self.kinds and rng.random() < self.p:
             out = [self._poisoned(inst, msg, rng)]
+        elif "future" in self.kinds and rng.random() < self.p:
+            out = [self._far_future(net, inst, msg, rng)]
+        elif "falsepol" in self.kinds and msg.round >= 1 and rng.random() < self.p:
+            block = msg.block if rng.random() < 0.5 else self._other_block(net, msg, rng)
+            out = [_sign(inst, replace(msg, block=block, pol_round=rng.randrange(msg.round)))]
         elif "equivocate" in self.kinds and rng.random() < self.p:
             out = [_sign(inst, replace(msg, block=self._other_block(net, msg, rng)))]
         return out
+
+    @staticmethod
+    def _far_future(net: Network, inst: Instance, p: Proposal, rng: Fate) -> Proposal:
+        """The same block, timed well beyond every honest clock's drift bound (sometimes with a
+        false proof-of-lock round as well: re-proposals are not judged by their time)."""
+        b, h = p.block, p.block.header
+        ahead = rng.choice([2, 3, 10, 1000, 10**6]) * net.timeouts.max_clock_drift_ms
+        block = make_block(CHAIN, h.height, h.time_ms + ahead, h.proposer, h.last_block_hash, b.last_commit,
+                           b.txs, net.history.at(h.height), h.last_app_hash, b.evidence, net.history.at(h.height + 1))
+        pol = rng.randrange(p.round) if p.round >= 1 and rng.random() < 0.3 else p.pol_round
+        return _sign(inst, replace(p, block=block, pol_round=pol))
 
     @staticmethod
     def _junk(inst: Instance, msg: Vote, rng: Fate) -> list[Vote]:
@@ -93,8 +112,8 @@ class Byzantine:
         """Another valid block for the same height: same parent and contents, another time."""
         b, h = p.block, p.block.header
         return make_block(CHAIN, h.height, h.time_ms + rng.randint(1, 50), h.proposer, h.last_block_hash,
-                          b.last_commit, b.txs[:rng.randint(0, len(b.txs))], net.validators, h.last_app_hash,
-                          b.evidence)
+                          b.last_commit, b.txs[:rng.randint(0, len(b.txs))], net.history.at(h.height), h.last_app_hash,
+                          b.evidence, net.history.at(h.height + 1))
 
     @staticmethod
     def _poisoned(inst: Instance, p: Proposal, rng: Fate) -> Proposal:
@@ -126,6 +145,10 @@ def _sign(inst: Instance, msg):
 # --------------------------------------------------------------------------- plans
 
 
+FAMILIES = ("network", "crash", "torn", "clock", "byzantine", "future", "replay", "membership", "mixed")
+SIZES = (4, 7, 10, 31)
+
+
 @dataclass
 class Plan:
     seed: int
@@ -146,6 +169,19 @@ class Plan:
     rotate_bytes: int = 8 * 1024 * 1024
     heights: int = 2
     deadline: float = 30.0
+    family: str = "mixed"
+    drift_ms: int | None = None  # the timeliness bound (None: the timeouts' own, 10 s)
+    clocks: dict[int, float] = field(default_factory=dict)  # instance -> clock offset at first boot (s)
+    clock_step: tuple[float, float] = (0.0, 0.0)  # each restart adds uniform(*step) to the offset
+    clock_range: tuple[float, float] = (-1e9, 1e9)  # honest offsets stay within (liveness assumes it)
+    replay_rate: float = 0.0  # old messages replayed per virtual second
+    #: validators running honest code with a clock outside the honest window (counted in the
+    #: faulty power for liveness, honest for every safety check: a bad clock is not a bad node)
+    skewed: list[int] = field(default_factory=list)
+    joiners: int = 0  # nodes outside the first committee (identities n.., instances after the twins)
+    #: committee changes: {"at": virtual time, "updates": [[identity, power], ...]} (power 0 removes);
+    #: each reaches every mempool at `at` and applies two heights after its block
+    changes: list[dict] = field(default_factory=list)
 
     # -- files
 
@@ -158,6 +194,10 @@ class Plan:
         d["delay"] = tuple(d["delay"])
         d["byzantine"] = {int(k): v for k, v in d["byzantine"].items()}
         d["slow"] = {int(k): v for k, v in d.get("slow", {}).items()}
+        d["clocks"] = {int(k): v for k, v in d.get("clocks", {}).items()}
+        for key in ("clock_step", "clock_range"):
+            if key in d:
+                d[key] = tuple(d[key])
         d["partitions"] = [tuple(p) for p in d["partitions"]]
         return cls(**d)
 
@@ -171,43 +211,170 @@ class Plan:
     # -- drawing
 
     @classmethod
-    def random(cls, seed: int, n: int = 4) -> "Plan":
-        rng = random.Random(f"plan-{n}-{seed}")
-        powers = None if rng.random() < 0.8 else [rng.randint(1, 3) for _ in range(n)]
+    def random(cls, seed: int, n: int = 4, family: str | None = None) -> "Plan":
+        """One seeded plan of `family` (one of FAMILIES; None: drawn too) for n validators.
+
+        network: drops, duplicates, reordering, partitions, laggards. crash: and crashes at any
+        step with torn WALs. torn: crashes inside durable writes (the sign state torn, a WAL
+        rotation, the boot counter). clock: per-node clocks skewed up to the drift bound, which
+        step back or forward at every restart, with small and shipped bounds. byzantine:
+        equivocation, junk, poison, lies, silence, Twins. future: Byzantine proposals with
+        far-future times and false proof-of-lock rounds. replay: old messages of any height
+        delivered again, to anyone, before and after GST. mixed: all of it at once."""
+        rng = random.Random(f"plan-{n}-{seed}-{family}")
+        family = family or rng.choice(FAMILIES)
+        if family not in FAMILIES:
+            raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+        on = _FAMILY_FAULTS[family]
+        unequal = rng.random() < (0.9 if n >= 10 else 0.5)
+        powers = [rng.choice([1, 1, 2, 3, 5]) for _ in range(n)] if unequal else None
         total = sum(powers or [1] * n)
-        slow = rng.random() < 0.15
-        plan = cls(seed=seed, n=n, powers=powers, timeouts="default" if slow else "fast")
+        slow = rng.random() < (0.15 if n < 31 else 0.05)
+        plan = cls(seed=seed, n=n, powers=powers, timeouts="default" if slow else "fast", family=family)
         plan.gst = rng.uniform(8.0, 20.0) if slow else rng.uniform(0.5, 4.0)
         plan.deadline = 240.0 if slow else 40.0
-        plan.drop = rng.choice([0.0, 0.05, 0.2, 0.4])
-        plan.duplicate = rng.choice([0.0, 0.1, 0.3])
+        plan.heights = rng.randint(3, 5)
         plan.delay = (0.001, rng.choice([0.005, 0.03, 0.1, 0.4]))
         plan.delta = rng.choice([0.005, 0.02, 0.05])
-        plan.rotate_bytes = rng.choice([8 * 1024 * 1024, 4096])
-        faulty = _faulty(rng, n, powers or [1] * n, total)
+        if "net" in on:
+            plan.drop = rng.choice([0.0, 0.05, 0.2, 0.4])
+            plan.duplicate = rng.choice([0.0, 0.1, 0.3])
+        plan.rotate_bytes = rng.choice([8 * 1024 * 1024, 4096, 1024] if "torn" in on else [8 * 1024 * 1024, 4096])
+        faulty = _faulty(rng, n, powers or [1] * n, total) if on & {"byz", "future", "clock"} else []
+        kinds = (BEHAVIOURS if "byz" in on else ()) + (FUTURE_BEHAVIOURS if "future" in on else ())
         for k in faulty:
-            if rng.random() < 0.25:
+            if "clock" in on and not kinds and rng.random() < 0.6:  # down for good: the others need
+                plan.byzantine[k] = ["silent"]  # every remaining member, the restarted ones too
+            elif "clock" in on and (not kinds or rng.random() < 0.3):
+                plan.skewed.append(k)
+            elif "byz" in on and rng.random() < 0.25:
                 plan.twins.append(k)
             else:
-                plan.byzantine[k] = sorted(rng.sample(BEHAVIOURS, rng.randint(1, 3)))
-        plan.silent_at = rng.uniform(0.0, plan.gst * 1.5)
+                pick = sorted(rng.sample(kinds, rng.randint(1, min(3, len(kinds)))))
+                if "future" in on and not set(pick) & set(FUTURE_BEHAVIOURS):
+                    pick = sorted(pick + [rng.choice(FUTURE_BEHAVIOURS)])
+                plan.byzantine[k] = pick
+        plan.silent_at = 0.0 if kinds == () and plan.byzantine else rng.uniform(0.0, plan.gst * 1.5)
         instances = list(range(n)) + plan.twins
-        for _ in range(rng.choice([0, 0, 1, 2, 3])):
-            plan.partitions.append(_partition(rng, instances, plan.twins, n, plan.gst))
-        plan.partitions.sort()
-        honest = [i for i in range(n) if i not in faulty]
-        if rng.random() < 0.4:  # a laggard: it hears the next height's later rounds while still
-            laggard = rng.choice(honest)  # deciding the previous one, and often restarts
+        if "net" in on:
+            for _ in range(rng.choice([0, 0, 1, 2, 3])):
+                plan.partitions.append(_partition(rng, instances, plan.twins, n, plan.gst))
+            plan.partitions.sort()
+        honest = [i for i in range(n) if i not in faulty or i in plan.skewed]
+        if "net" in on and rng.random() < 0.4:  # a laggard: it hears the next height's later rounds
+            laggard = rng.choice(honest)  # while still deciding the previous one, and often restarts
             plan.slow[laggard] = rng.choice([0.1, 0.3, 1.0])
             honest += [laggard] * len(honest)
-        for _ in range(rng.choice([0, 1, 2, 4, 6])):
-            plan.crashes.append(_crash(rng, rng.choice(honest), plan.gst))
+        if "clock" in on:
+            _clocks(rng, plan, honest)
+        if "replay" in on:
+            plan.replay_rate = rng.choice([2.0, 10.0, 50.0])
+        if "members" in on:
+            _membership(rng, plan, set(faulty) - set(plan.skewed))
+        crashes = rng.choice([0, 1, 2, 4, 6]) if "crash" in on else 0
+        if "torn" in on:
+            crashes = rng.choice([1, 2, 3, 5])
+        elif "clock" in on:
+            crashes = max(crashes, 1)
+        for _ in range(crashes):
+            plan.crashes.append(_crash(rng, rng.choice(honest), plan.gst, torn="torn" in on))
         return plan
 
     # -- running
 
     def faulty(self) -> set[int]:
-        return set(self.byzantine) | set(self.twins)
+        return set(self.byzantine) | set(self.twins)  # (skewed validators run honest code)
+
+    def drift_s(self) -> float:
+        return (self.drift_ms if self.drift_ms is not None else CONSENSUS_FAST.max_clock_drift_ms) / 1000
+
+
+#: which fault kinds each family turns on
+_FAMILY_FAULTS = {
+    "network": {"net"},
+    "crash": {"net", "crash"},
+    "torn": {"crash", "torn"},
+    "clock": {"clock", "crash", "net"},
+    "byzantine": {"net", "byz"},
+    "future": {"future", "crash"},
+    "replay": {"replay", "crash", "net"},
+    "membership": {"members", "net", "crash", "byz"},
+    "mixed": {"net", "crash", "torn", "clock", "byz", "future", "replay", "members"},
+}
+
+
+def _clocks(rng: random.Random, plan: Plan, honest: list[int]) -> None:
+    """Clock offsets of every instance and their steps at restarts. Honest clocks keep within
+    a window whose width plus two message delays fits the drift bound (what liveness needs:
+    a proposal made by the fastest clock is timely for the slowest); inside it they start
+    anywhere, near the edges often, and step back or forward at each restart (the audit found
+    a 0.2 s step enough). Faulty instances' clocks are anywhere."""
+    plan.drift_ms = rng.choice([None, None, None, 1000, 300])
+    drift = plan.drift_s()
+    width = rng.choice([0.02, 0.5, 0.95]) * max(0.0, drift - 2 * max(plan.delta, 0.05) - 0.02)
+    low = -rng.uniform(0.0, width)
+    plan.clock_range = (round(low, 4), round(low + width, 4))
+    for i in range(plan.n + len(plan.twins)):
+        if i in plan.skewed:  # just beyond the window: its proposals, or its view of others', sit
+            side = rng.choice([0, 1])  # on the timeliness boundary, which a restart's step crosses
+            beyond = drift * rng.uniform(0.7, 1.3)
+            plan.clocks[i] = round(plan.clock_range[side] + (beyond if side else -beyond), 4)
+        elif i in honest:
+            edge = rng.random() < 0.4
+            plan.clocks[i] = round(rng.choice(plan.clock_range) if edge else rng.uniform(*plan.clock_range), 4)
+        else:
+            plan.clocks[i] = round(rng.uniform(-3 * drift, 3 * drift), 4)
+    # back (NTP, snapshots) more often than ahead; a step across the window goes behind the
+    # node's previous boot, as the audit's 9 s did (round-state numbers once came from the clock)
+    big = rng.choice([0.2, 1.0, width, width, 2 * drift])
+    plan.clock_step = (-big, rng.choice([0.0, big / 4, big]))
+    window = [i for i in honest if i not in plan.skewed]
+    if window and rng.random() < 0.5:  # the audit's case: a member at the fast edge restarts with its clock
+        k = rng.choice(window)  # set back across the window, behind its previous boot (while another
+        plan.clocks[k] = plan.clock_range[1]  # member may be down for good: the rest need it)
+        plan.clock_step = (-width, -width * rng.choice([0.5, 1.0]))
+        plan.crashes.append({"kind": "time", "instance": k, "at": rng.uniform(0.2, plan.gst),
+                             "down": rng.choice([0.05, 0.2, 0.5])})
+    plan.deadline += 6 * width  # a block at the far edge costs the slowest clocks up to `width` once
+
+
+def _membership(rng: random.Random, plan: Plan, faulty: set[int]) -> None:
+    """Committee changes through the chain: members join (nodes outside the first committee),
+    leave, change power, or rotate their key (one leaves as another joins with its power, in
+    one change), before and after GST. Every committee keeps the faulty power below a third and
+    someone in it (what liveness needs)."""
+    plan.joiners = rng.choice([1, 1, 2])
+    power = {k: p for k, p in enumerate(plan.powers or [1] * plan.n)}
+    outside = list(range(plan.n, plan.n + plan.joiners))
+    at = rng.uniform(0.05, plan.gst * 0.8)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choice(["add", "remove", "reweight", "rotate"])
+        members = sorted(k for k, p in power.items() if p)
+        honest = [k for k in members if k not in faulty]
+        if kind in ("add", "rotate") and not outside:
+            kind = "reweight"
+        if kind == "add":
+            updates = [[outside.pop(0), rng.choice([1, 2, 3])]]
+        elif kind == "remove":
+            updates = [[rng.choice(members), 0]]
+        elif kind == "reweight" and honest:
+            updates = [[rng.choice(honest), rng.choice([1, 2, 3, 5])]]
+        elif kind == "rotate" and honest:
+            old = rng.choice(honest)
+            updates = [[old, 0], [outside.pop(0), power[old]]]
+        else:
+            continue
+        after = dict(power)
+        after.update({k: p for k, p in updates})
+        total = sum(after.values())
+        if total == 0 or 3 * sum(p for k, p in after.items() if k in faulty) >= total:
+            for k, p in updates:  # (a joiner drawn but not used may join later)
+                if k >= plan.n and k not in power and k not in outside:
+                    outside.insert(0, k)
+            continue
+        power = after
+        plan.changes.append({"at": round(at, 4), "updates": updates})
+        at += rng.uniform(0.05, 1.0)
 
 
 def _faulty(rng: random.Random, n: int, powers: list[int], total: int) -> list[int]:
@@ -237,8 +404,16 @@ def _partition(rng: random.Random, instances: list[int], twins: list[int], n: in
     return (start, end, [sorted(g) for g in groups if g])
 
 
-def _crash(rng: random.Random, instance: int, gst: float) -> dict:
+def _crash(rng: random.Random, instance: int, gst: float, torn: bool = False) -> dict:
     down = rng.choice([0.01, 0.1, 0.5, 1.5])
+    if torn:  # inside a durable write: the sign state (torn), a WAL rotation, the boot counter
+        kind = rng.choice(["sign_state", "sign_state", "sign_state", "rotate", "boot"])
+        if kind == "sign_state":
+            step = rng.choice([None, "PROPOSE", "PREVOTE", "PRECOMMIT"])
+            return {"kind": "sign", "instance": instance, "step": step, "nth": rng.randint(1, 10 if step else 30),
+                    "down": down, "point": "in_sign_state"}
+        return {"kind": "write", "what": kind, "instance": instance, "down": down,
+                "nth": rng.randint(1, 4) if kind == "rotate" else rng.randint(2, 3)}
     kind = rng.choice(["time", "time", "sign", "sign", "decide"])
     if kind == "time":
         return {"kind": "time", "instance": instance, "at": rng.uniform(0.0, gst), "down": down}
@@ -287,9 +462,16 @@ class Verdict:
 def build(plan: Plan) -> Network:
     """The network of a plan, before it runs (faults scheduled)."""
     byzantine = {k: Byzantine(kinds, plan.silent_at) for k, kinds in plan.byzantine.items()}
+    timeouts = CONSENSUS if plan.timeouts == "default" else CONSENSUS_FAST
+    if plan.drift_ms is not None:
+        timeouts = replace(timeouts, max_clock_drift_ms=plan.drift_ms)
     net = Network(plan.n, plan.seed, policy=_PlanPolicy(plan), powers=plan.powers, byzantine=byzantine,
-                  twins=tuple(plan.twins), timeouts=CONSENSUS if plan.timeouts == "default" else CONSENSUS_FAST,
-                  rotate_bytes=plan.rotate_bytes)
+                  twins=tuple(plan.twins), timeouts=timeouts, rotate_bytes=plan.rotate_bytes,
+                  clocks=plan.clocks, clock_step=plan.clock_step, clock_range=plan.clock_range,
+                  replay_rate=plan.replay_rate, joiners=plan.joiners)
+    for k, change in enumerate(plan.changes):
+        updates = [(net.identities[identity].public_key, power) for identity, power in change["updates"]]
+        net.submit_at(change["at"], val_tx(updates, k))
     net.partitions = [(s, e, [set(g) for g in groups]) for s, e, groups in plan.partitions]
     for c in plan.crashes:
         if c["kind"] == "time":
@@ -298,6 +480,8 @@ def build(plan: Plan) -> Network:
             step = Step[c["step"]] if c.get("step") else None
             net.sign_crashes.append(SignCrash(c["instance"], nth=c["nth"], point=c["point"], down_for=c["down"],
                                               step=step))
+        elif c["kind"] == "write":
+            net.write_crashes.append(WriteCrash(c["instance"], c["what"], c["nth"], c["down"]))
         else:
             net.decide_crashes.append(DecideCrash(c["instance"], c["nth"], c["down"]))
     return net
@@ -324,7 +508,33 @@ def run_plan(plan: Plan, trace: bool = False) -> Verdict:
 
 
 def safety(net: Network) -> list[str]:
-    return agreement(net) + validity(net) + double_signing(net) + lock_discipline(net)
+    return (agreement(net) + validity(net) + double_signing(net) + lock_discipline(net) + determinism(net)
+            + blame(net))
+
+
+def blame(net: Network) -> list[str]:
+    """Evidence committed in a decided block names a faulty validator only: no one can frame an
+    honest one (every piece carries two signatures of the accused key)."""
+    out = []
+    honest_keys = {i.identity.public_key for i in net.honest()} - {i.identity.public_key for i in net.instances
+                                                                   if not i.honest}
+    for (h, _), (block, _) in sorted(net.observer.decided_blocks.items(), key=lambda kv: kv[0][0]):
+        for ev in block.evidence:
+            committee = net.history.at(ev.height)
+            key = committee[ev.validator].public_key if ev.validator < len(committee) else None
+            if key in honest_keys:
+                out.append(f"blame: block {h} holds {type(ev).__name__} against honest validator {ev.validator} "
+                           f"of height {ev.height}")
+    return out
+
+
+def determinism(net: Network) -> list[str]:
+    """A restarted honest validator replays to exactly what it signed: it never has to refuse
+    a signature (every input that led to one was durable before it, and replay asks no clock).
+    A refusal is safe, but it silences the validator for that step: a replay that went another
+    way."""
+    return [f"determinism: honest validator {i.validator} (instance {i.id}) refused to sign {r.step.name} at "
+            f"{r.height}/{r.round}: {r.reason}" for i in net.honest() for r in i.refused[:1]]
 
 
 def agreement(net: Network) -> list[str]:
@@ -348,12 +558,18 @@ def validity(net: Network) -> list[str]:
         block, commit = decided[(h, honest.pop())]
         try:
             block.check_internal()
-            verify_commit(commit, CHAIN, net.validators, h, block.hash())
+            verify_commit(commit, CHAIN, ref.history.at(h), h, block.hash())
         except (ValueError, CommitError) as exc:
             out.append(f"validity: decided block {h} is malformed or badly committed: {exc}")
             break
         if not ref.validate_block(block):
             out.append(f"validity: decided block {h} is not a valid successor of block {h - 1}")
+            break
+        fastest = min(net.max_offset, net.clock_range[1])  # (a polka needs a clock of the window)
+        latest = net.observer.first_decided_at[(h, block.hash())] + fastest + net.timeouts.max_clock_drift_ms / 1000
+        if net.timely and block.header.time_ms > latest * 1000 + 1:
+            out.append(f"validity: decided block {h} has time {block.header.time_ms} ms, beyond every honest "
+                       f"clock's drift bound ({latest * 1000:.0f} ms)")
             break
         ref.apply(block, commit)
     return out
@@ -372,11 +588,11 @@ def double_signing(net: Network) -> list[str]:
 def lock_discipline(net: Network) -> list[str]:
     """An honest precommit for v in round r needs a polka for v in r; a later non-nil prevote
     for another value needs a polka for that value in some round of [r, later round)."""
-    obs, vs = net.observer, net.validators
-    q = vs.quorum()
+    obs = net.observer
 
     def polka(h: int, r: int, value: bytes) -> bool:
-        return sum(vs[i].power for i in obs.votes.get((h, r, int(VoteType.PREVOTE), value), ())) >= q
+        vs = net.history.at(h)
+        return sum(vs[i].power for i in obs.votes.get((h, r, int(VoteType.PREVOTE), value), ())) >= vs.quorum()
 
     out = []
     for v, votes in sorted(obs.honest_votes.items()):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from gentorrent.crypto.keys import Identity, OnionKey
-from gentorrent.crypto.tls import make_self_signed
 from testkit.committee import free_base_port  # noqa: F401  (tests import it from here)
 from gentorrent.ledger import txs
+from gentorrent.ledger.genesis import loopback_pow_nonce
 
 
 class Member:
@@ -14,9 +14,8 @@ class Member:
     def __init__(self, k: int) -> None:
         self.identity = Identity.generate()
         self.onion = OnionKey.generate()
-        self.cert = make_self_signed(self.identity).cert_pem
         self.address = f"127.0.0.1:{30000 + k}"
 
     def register(self, chain_id: str) -> bytes:
-        return txs.register_user(self.identity, self.address, self.onion.public_key, self.cert, "eu-west", 1,
-                                 chain_id=chain_id)
+        return txs.register_user(self.identity, self.address, self.onion.public_key, "eu-west", 1,
+                                 chain_id=chain_id, pow_nonce=loopback_pow_nonce(chain_id, self.identity.public_key))

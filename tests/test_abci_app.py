@@ -1,4 +1,4 @@
-"""RegistryApp: every tx kind, CheckTx refusals, determinism, persistence, crash replay, directory."""
+"""RegistryApp: every tx kind, CheckTx refusals, determinism, persistence, crash replay, proven answers."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 
 from gentorrent.config import REPUTATION
 from gentorrent.crypto.keys import Identity, OnionKey
-from gentorrent.crypto.tls import make_self_signed
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.abci import app as appmod
 from gentorrent.ledger import txs
 from gentorrent.ledger import sections
-from gentorrent.ledger.sections import decode_directory, directory_section_hashes
+from gentorrent.ledger import queries
+from testkit.registry_view import registry
 from verifier.abci.app import RegistryApp
-from verifier.abci.interface import BlockContext, ValidatorInfo, app_hash_of
+from verifier.abci.interface import BlockContext, ValidatorInfo
 from gentorrent.ledger.sections import DirectoryFormatError
 from verifier.abci.store import StoreError
 
@@ -30,14 +30,13 @@ CHAIN = "gt-test"
 @dataclass(frozen=True)
 class Node:
     identity: Identity
-    cert: bytes
     onion: bytes
     seed: int
 
     @classmethod
     def make(cls, seed: int) -> "Node":
         ident = Identity.from_seed(bytes([seed]) * 32)
-        return cls(ident, make_self_signed(ident).cert_pem, OnionKey.generate().public_key, seed)
+        return cls(ident, OnionKey.generate().public_key, seed)
 
     @property
     def hex(self) -> str:
@@ -45,10 +44,10 @@ class Node:
 
     def reg_user(self, seq: int, address: str = "", region: str = "eu") -> bytes:
         address = address or f"127.0.0.1:{7000 + self.seed}"  # one address, one node
-        return txs.register_user(self.identity, address, self.onion, self.cert, region, seq, chain_id=CHAIN)
+        return txs.register_user(self.identity, address, self.onion, region, seq, chain_id=CHAIN)
 
     def reg_model(self, seq: int, capacity: int = 5, model: str = "smollm2-135m") -> bytes:
-        return txs.register_model(self.identity, f"127.0.0.1:{9000 + self.seed}", model, capacity, self.cert, seq,
+        return txs.register_model(self.identity, f"127.0.0.1:{9000 + self.seed}", model, capacity, seq,
                                   onion_key=self.onion, chain_id=CHAIN)
 
 
@@ -97,17 +96,17 @@ def test_every_tx_kind_is_applied_and_queried(app):
     with pytest.raises(DirectoryFormatError):
         sections.decode_user(b"\xff")
 
-    update_u = txs.update_user(user.identity, "10.1.1.1:7100", user.onion, user.cert, "us", 2, chain_id=CHAIN)
-    update_m = txs.update_model(model.identity, "10.1.1.2:9100", "gemma3-270m", 9, model.cert, 2, chain_id=CHAIN)
+    update_u = txs.update_user(user.identity, "10.1.1.1:7100", user.onion, "us", 2, chain_id=CHAIN)
+    update_m = txs.update_model(model.identity, "10.1.1.2:9100", "gemma3-270m", 9, 2, chain_id=CHAIN)
     assert codes(run_block(app, 2, [update_u, update_m])) == [0, 0]
     entry = pb.UserEntry.FromString(app.query(f"/user/{user.hex}").value)
     assert (entry.address, entry.region, entry.registered_height, entry.updated_height) == ("10.1.1.1:7100", "us", 1, 2)
     m = pb.ModelEntry.FromString(app.query(f"/model/{model.hex}").value)
     assert (m.address, m.model, m.capacity, m.registered_height, m.updated_height) == (
         "10.1.1.2:9100", "gemma3-270m", 9, 1, 2)
-    assert json.loads(app.query(f"/account/{user.identity.public_key.hex()}").value) == {"last_sequence": 2}
+    assert json.loads(app.query(f"/account/{user.identity.public_key.hex()}").value) ["last_sequence"] == 2
 
-    d = decode_directory(app.query("/directory").value)
+    d = registry(app)
     assert [u.node_id for u in d.users] == [user.identity.node_id]
     assert d.model(model.identity.node_id).capacity == 9 and len(d.trusted_models("gemma3-270m")) == 1
 
@@ -116,7 +115,7 @@ def test_every_tx_kind_is_applied_and_queried(app):
     assert codes(run_block(app, 3, gone)) == [0, 0]
     assert app.query(f"/user/{user.hex}").code == appmod.CODE_NOT_FOUND
     assert app.query(f"/model/{model.hex}").code == appmod.CODE_NOT_FOUND
-    d = decode_directory(app.query("/directory").value)
+    d = registry(app)
     assert d.users == () and d.models == () and d.height == 3
     info = json.loads(app.query("/info").value)
     assert info["height"] == 3 and info["users"] == 0 and info["app_hash"] == app.info().last_block_app_hash.hex()
@@ -127,7 +126,7 @@ def test_stateful_rules(app):
     res = run_block(app, 1, [
         a.reg_user(5),
         a.reg_user(6),  # already registered
-        txs.update_user(b.identity, "127.0.0.1:1", b.onion, b.cert, "eu", 1, chain_id=CHAIN),  # not registered
+        txs.update_user(b.identity, "127.0.0.1:1", b.onion, "eu", 1, chain_id=CHAIN),  # not registered
         txs.deregister_model(a.identity, 7, chain_id=CHAIN),  # a is a user, not a model
         a.reg_model(8),  # the same identity may also run a model node
     ])
@@ -138,7 +137,7 @@ def test_stateful_rules(app):
 
 
 def _state_fingerprint(app: RegistryApp) -> tuple:
-    return app.info(), app.query("/directory").value, app.query("/info").value
+    return app.info(), registry(app), app.query("/info").value
 
 
 def test_check_tx_refuses_bad_input_without_state_change(app):
@@ -223,9 +222,9 @@ def _blocks() -> list[list[bytes]]:
         [a.reg_user(1), b.reg_model(1, capacity=2)],
         [],
         [c.reg_user(1, region="ap"),
-         txs.update_model(b.identity, "127.0.0.1:9999", "smollm2-135m", 4, b.cert, 2, chain_id=CHAIN)],
+         txs.update_model(b.identity, "127.0.0.1:9999", "smollm2-135m", 4, 2, chain_id=CHAIN)],
         [d.reg_model(1), a.reg_user(1), txs.deregister_user(c.identity, 2, chain_id=CHAIN)],
-        [txs.update_user(a.identity, "127.0.0.1:7777", a.onion, a.cert, "eu", 9, chain_id=CHAIN)],
+        [txs.update_user(a.identity, "127.0.0.1:7777", a.onion, "eu", 9, chain_id=CHAIN)],
     ]
 
 
@@ -239,7 +238,7 @@ def test_two_apps_fed_the_same_blocks_agree(tmp_path):
         assert x.info() == y.info()
         hashes.add(rx.app_hash)
     assert len(hashes) == len(_blocks())  # every height has its own app hash
-    assert x.query("/directory").value == y.query("/directory").value
+    assert registry(x) == registry(y) and x.info() == y.info()
     z = new_app(tmp_path / "z.db")
     blocks = _blocks()
     blocks[2] = blocks[2][:1]  # one registration fewer: another state, another hash
@@ -266,7 +265,7 @@ def test_restart_resumes_and_crash_between_finalize_and_commit_replays(tmp_path)
     app = RegistryApp(path)
     assert app.info().last_block_height == 3
     assert app.info().last_block_app_hash == ref_hashes[2]
-    assert app.query("/directory").value != b""
+    assert registry(app).users
     with pytest.raises(appmod.AppError):
         app.init_chain(CHAIN, [ValidatorInfo(v.public_key, 10) for v in VALIDATORS], b"{}", GENESIS_MS)
     assert run_block(app, 4, blocks[3]).app_hash == ref_hashes[3]  # replay of the lost block
@@ -274,7 +273,7 @@ def test_restart_resumes_and_crash_between_finalize_and_commit_replays(tmp_path)
     app.close()
     reopened = RegistryApp(path)
     assert reopened.info() == ref.info()
-    assert reopened.query("/directory").value == ref.query("/directory").value
+    assert registry(reopened) == registry(ref) and reopened.info() == ref.info()
     reopened.close(), ref.close()
 
 
@@ -301,47 +300,33 @@ def test_a_damaged_store_is_refused(tmp_path):
         RegistryApp(path)
 
 
-def test_directory_value_recomputes_the_app_hash(app):
+def test_a_proven_answer_recomputes_the_app_hash(app):
     run_block(app, 1, [NODES[0].reg_user(1), NODES[1].reg_model(1), NODES[2].reg_user(1)])
-    value = app.query("/directory").value
-    assert app_hash_of(directory_section_hashes(value)) == app.info().last_block_app_hash
-    d = decode_directory(value)
-    assert d.app_hash == app.info().last_block_app_hash and d.height == 1
-    assert [u.node_id for u in d.users] == sorted(n.identity.node_id for n in (NODES[0], NODES[2]))
-    assert d.model(NODES[1].identity.node_id).onion_key == NODES[1].onion  # queries are sealed to it
-
-    tampered = pb.DirectoryValue.FromString(value)
-    users = pb.UsersSection.FromString(tampered.users_section)
-    users.users[0].address = "6.6.6.6:666"
-    tampered.users_section = users.SerializeToString(deterministic=True)
-    assert decode_directory(tampered.SerializeToString()).app_hash != app.info().last_block_app_hash
-
-    unbound = pb.DirectoryValue.FromString(value)
-    users = pb.UsersSection.FromString(unbound.users_section)
-    users.users[0].public_key = NODES[5].identity.public_key  # id no longer bound to the key
-    unbound.users_section = users.SerializeToString(deterministic=True)
-    with pytest.raises(DirectoryFormatError):
-        decode_directory(unbound.SerializeToString())
-    with pytest.raises(DirectoryFormatError):
-        decode_directory(b"\xff\xff")
-    with pytest.raises(DirectoryFormatError):
-        directory_section_hashes(pb.DirectoryValue(height=1).SerializeToString())
+    query = queries.UserLookup(NODES[0].identity.node_id)
+    answer = queries.decode_answer(app.query(query.path, query.data, 1).value, 1 << 20)
+    assert answer.app_hash == app.info().last_block_app_hash and answer.height == 1
+    assert query.read(answer.seen).node_id == NODES[0].identity.node_id
+    roster = queries.decode_answer(app.query("/proof/roster/smollm2-135m", b"", 1).value, 1 << 20)
+    assert queries.Roster("smollm2-135m").read(roster.seen)[0].onion_key == NODES[1].onion  # queries are sealed to it
+    with pytest.raises(queries.AnswerError):
+        queries.decode_answer(b"\xff\xff", 1 << 20)
 
 
 def test_query_errors(app):
     assert app.query("/nope").code == appmod.CODE_UNKNOWN_PATH
     assert app.query("/user/xyz").code == appmod.CODE_BAD_QUERY
     assert app.query("/user/" + "A" * 64).code == appmod.CODE_BAD_QUERY
-    assert app.query("/directory", height=7).code == appmod.CODE_BAD_HEIGHT
-    assert app.query("/directory", height=0).code == 0
-    assert json.loads(app.query("/account/" + "00" * 32).value) == {"last_sequence": 0}
+    assert app.query("/proof/catalog", height=7).code == appmod.CODE_BAD_HEIGHT
+    assert app.query("/proof/catalog", height=0).code == 0
+    assert app.query("/proof/relays/eu", b"\x00" * 7).code == appmod.CODE_BAD_QUERY
+    assert json.loads(app.query("/account/" + "00" * 32).value) == {"last_sequence": 0, "lease_expires_ms": 0}
 
 
 def test_lifecycle_misuse(tmp_path):
     fresh = RegistryApp(tmp_path / "f.db")
     assert fresh.info().last_block_height == 0 and fresh.info().last_block_app_hash == b""
     assert fresh.check_tx(NODES[0].reg_user(1)).code == appmod.CODE_NOT_INITIALIZED
-    assert fresh.query("/directory").code == appmod.CODE_NOT_INITIALIZED
+    assert fresh.query("/proof/catalog").code == appmod.CODE_NOT_INITIALIZED
     with pytest.raises(appmod.AppError):
         fresh.finalize_block([], ctx(1))
     with pytest.raises(ValueError):
@@ -364,15 +349,13 @@ def _random_tx(rng, seqs: dict) -> bytes:
     key = node.identity.public_key
     seq = seqs.get(key, 0) + 1 if rng.random() < 0.85 else max(1, seqs.get(key, 0))  # some replays
     seqs[key] = max(seqs.get(key, 0), seq)
-    kind = rng.choice(txs.KINDS)
     address = f"127.0.0.1:{rng.randint(9000, 9003)}"  # few addresses: one address, one node is exercised
-    if kind in ("register_user", "update_user"):
-        return getattr(txs, kind)(node.identity, address, node.onion, node.cert, rng.choice(["eu", "us", "ap"]),
-                                  seq, chain_id=CHAIN)
-    if kind in ("register_model", "update_model"):
-        return getattr(txs, kind)(node.identity, address, rng.choice(["a", "b"]), rng.randint(1, 10),
-                                  node.cert, seq, chain_id=CHAIN)
-    return getattr(txs, kind)(node.identity, seq, chain_id=CHAIN)
+    user = (address, node.onion, rng.choice(["eu", "us", "ap"]))
+    model = (address, rng.choice(["a", "b"]), rng.randint(1, 10))
+    build = {txs.register_user: user, txs.update_user: user, txs.register_model: model, txs.update_model: model,
+             txs.deregister_user: (), txs.deregister_model: (), txs.renew_lease: ()}
+    builder = rng.choice(list(build))
+    return builder(node.identity, *build[builder], seq, chain_id=CHAIN)
 
 
 @pytest.mark.parametrize("seed,lease_s", [(1, 300), (2, 5)])  # 5 s: leases end within the 20 blocks
@@ -391,8 +374,10 @@ def test_random_histories_agree_across_restarts_and_crashes(tmp_path, seed, leas
     for h, block in enumerate(blocks, start=1):
         expected = run_block(steady, h, block)
         seen_codes |= set(codes(expected))
-        d = decode_directory(steady.query("/directory").value)
-        assert all(r.expires_ms > ctx(h).time_ms for r in d.users + d.models)  # a lapsed lease is gone
+        d = registry(steady)
+        for r in d.users + d.models:  # a lapsed lease is gone
+            lease = json.loads(steady.query(f"/account/{r.public_key.hex()}").value)["lease_expires_ms"]
+            assert lease > ctx(h).time_ms
         kinds = [tx_kind(tx) for tx, code in zip(block, codes(expected)) if code == 0]
         if len(d.users) + len(d.models) < listed and not any(k.startswith("deregister") for k in kinds):
             lapsed += 1
@@ -408,7 +393,7 @@ def test_random_histories_agree_across_restarts_and_crashes(tmp_path, seed, leas
             flaky.close()
             flaky = RegistryApp(path)
         assert flaky.info() == steady.info()
-        assert flaky.query("/directory").value == steady.query("/directory").value
+        assert registry(flaky) == registry(steady) and flaky.info() == steady.info()
         # the address index a restarted app rebuilds refuses exactly what the steady one refuses
         probe = _random_tx(rng, dict(seqs))
         assert flaky.check_tx(probe) == steady.check_tx(probe)

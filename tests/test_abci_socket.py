@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from gentorrent.crypto.keys import Identity, OnionKey
-from gentorrent.crypto.tls import make_self_signed
 from gentorrent.wire.abci import types_pb2 as abci
 from gentorrent.ledger import txs
-from gentorrent.ledger.sections import decode_directory
+from gentorrent.ledger import queries
 from verifier.abci.app import RegistryApp
 from verifier.abci.socket_server import bound_address, decode_uvarint, encode_uvarint, frame, parse_address, serve
 
@@ -188,8 +187,7 @@ async def test_a_whole_chain_over_four_connections(server):
     assert field(body, 8) == b"gentorrent-registry"  # codespace
 
     user = Identity.from_seed(bytes([9]) * 32)
-    reg = txs.register_user(user, "127.0.0.1:7000", OnionKey.generate().public_key,
-                            make_self_signed(user).cert_pem, "eu", 1, chain_id="gt-golden")
+    reg = txs.register_user(user, "127.0.0.1:7000", OnionKey.generate().public_key, "eu", 1, chain_id="gt-golden")
     number, body = await mempool.call(request(8, bytes_field(1, reg)))
     assert number == 9 and field(body, 1, 0) == 0
 
@@ -216,8 +214,8 @@ async def test_a_whole_chain_over_four_connections(server):
     number, body = await query.call(golden("request_query"))
     assert number == 7 and field(body, 1, 0) == 0 and field(body, 9) == 1
     assert b'"users": 1' in field(body, 7)
-    number, body = await query.call(request(6, bytes_field(2, b"/directory")))
-    assert decode_directory(field(body, 7)).app_hash == app_hash
+    number, body = await query.call(request(6, bytes_field(2, b"/proof/catalog")))
+    assert queries.decode_answer(field(body, 7), 1 << 20).app_hash == app_hash
 
     assert await snapshot.call(golden("request_list_snapshots")) == (13, b"")
 
@@ -287,6 +285,7 @@ async def test_unix_socket(tmp_path):
     app.close()
 
 
+@pytest.mark.network  # the server runs as a process of its own
 async def test_standalone_server_process_serves_and_stops_cleanly(tmp_path):
     import signal
     import sys

@@ -53,8 +53,9 @@ async def test_openapi_document_is_served_and_describes_the_routes(api):
         async with s.get(api.url + "/openapi.json") as r:
             assert r.status == 200
             doc = await r.json()
-    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}",
-                                 "/health", "/version", "/gt/ask", "/gt/status"}
+    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models",
+                                 "/v1/models/{model}", "/tokenize", "/detokenize", "/health", "/ping", "/version",
+                                 "/docs", "/gt/ask", "/gt/status"}
 
 
 @pytest.mark.parametrize("body,param", [

@@ -64,3 +64,20 @@ def test_code_points_to_documents_that_are_in_the_repository():
                           "*.sh", "*.toml", "Makefile", ":!tests/test_architecture.py"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and not out.stdout, out.stdout  # git grep exits 1 when nothing matches
+
+
+def test_the_consensus_contract_forbids_every_application_module():
+    """Consensus may import only itself, the ABCI interface and the base: every other module of
+    verifier/ is in the contract's list, so a new application module cannot slip past it."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c.get("source_modules") == ["verifier.consensus"]]
+    forbidden = set(contract["forbidden_modules"])
+    allowed = {"verifier", "verifier.consensus", "verifier.abci", "verifier.abci.interface"}
+    for path in sorted((ROOT / "verifier").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module in allowed or module.startswith("verifier.consensus."):
+            continue
+        assert any(module == f or module.startswith(f + ".") for f in forbidden), module

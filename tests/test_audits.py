@@ -194,3 +194,68 @@ def test_genesis_publishes_audit_keys_and_old_genesis_files_still_load():
     bad = with_key.to_json() | {"audit_key": "AAAA"}
     with pytest.raises(GenesisError, match="audit_key"):
         GenesisValidator.from_json(bad)
+
+
+# --------------------------------------------------------------------------- what cannot be scored honestly
+
+CONSTRAINED = {  # each makes tokens come from another distribution than the model's own
+    "json schema": dict(structured=(pb.StructuredOutput.JSON_SCHEMA, '{"type":"object"}')),
+    "choice": dict(structured=(pb.StructuredOutput.CHOICE, '["yes","no"]')),
+    "presence penalty": dict(presence_penalty=0.5), "frequency penalty": dict(frequency_penalty=0.5),
+    "repetition penalty": dict(repetition_penalty=1.2), "logit bias": dict(logit_bias={5: 10.0}),
+    "min tokens": dict(min_tokens=4), "ignore eos": dict(ignore_eos=True),
+    "tools": dict(tools='[{"function":{"name":"f","parameters":{}},"type":"function"}]', tool_choice="auto"),
+    "tokenize": dict(operation=pb.GenerateRequest.TOKENIZE),
+}
+
+
+@pytest.mark.parametrize("kind", list(CONSTRAINED))
+def test_replies_under_guided_decoding_or_penalties_are_never_audited(world, kind):
+    """Guided decoding masks tokens by a grammar and penalties shift them by counts of earlier
+    tokens; the committee's teacher-forced pass applies neither, so an honest reply made under them
+    can score like a cheater's. Such asks are never selected by the user (at rate 1 too) and the
+    desk refuses one handed in anyway (a user framing a node with one), while the same ask
+    without the constraint is admitted."""
+    rng, node, models = world
+    ticket = audits.AuditTicket(rng.randbytes(32))
+    constrained = generation.make_request("Why is the sky blue?", model=MODEL, audit_commitment=ticket.commitment,
+                                          **CONSTRAINED[kind])
+    assert not generation.is_plain(constrained) and not ticket.selects(constrained, rate=1.0)
+    receipt = receipts.make_receipt(node, MODEL, constrained, [5, 6, 7], T0)
+    sub = audits.make_submission(constrained, [5, 6, 7], receipt, ticket)
+    with pytest.raises(audits.AuditError, match="not audited"):
+        audits.check_submission(sub.SerializeToString(), models, WINDOW, replace(AUDITS, rate=1.0))
+    plain = generation.make_request("Why is the sky blue?", model=MODEL, audit_commitment=ticket.commitment)
+    assert generation.is_plain(plain) and ticket.selects(plain, rate=1.0)
+    sub = audits.make_submission(plain, [5, 6, 7], receipts.make_receipt(node, MODEL, plain, [5, 6, 7], T0), ticket)
+    audits.check_submission(sub.SerializeToString(), models, WINDOW, replace(AUDITS, rate=1.0))
+
+
+def test_challenges_are_plain_asks():
+    """Challenges are drawn from the traffic model without guided decoding or penalties: their
+    replies are scored under the request's own sampling, which the scoring pass reproduces."""
+    from gentorrent.traffic.challenge import draw_challenge
+    from testkit.epochs import scripted_pool
+
+    pool = scripted_pool()
+    for seed in range(40):
+        request = draw_challenge(pool, seed.to_bytes(32, "big"), "ab" * 32, 0).to_generate_request(MODEL)
+        assert generation.is_plain(request)
+
+
+def test_every_constraint_is_in_the_signed_sampling_hash_and_plain_receipts_keep_their_bytes():
+    """A node must not apply a constraint nobody asked for (or drop one): each is covered by the
+    sampling hash its receipt signs; a plain ask's hash is the one receipts had before them."""
+    plain = generation.make_request("hi", model=MODEL)
+    assert receipts.request_sampling_hash(plain) == receipts.sampling_hash(plain.sampling)
+    assert receipts.request_prompt_hash(plain) == receipts.prompt_hash("hi")
+    hashes = {receipts.request_sampling_hash(plain)}
+    for kind, kwargs in CONSTRAINED.items():
+        if kind == "tools":
+            continue  # the tools are the prompt's (below); the tool choice is sampling's
+        hashes.add(receipts.request_sampling_hash(generation.make_request("hi", model=MODEL, **kwargs)))
+    hashes.add(receipts.request_sampling_hash(generation.make_request("hi", model=MODEL, tool_choice="required")))
+    assert len(hashes) == len(CONSTRAINED) + 1  # every one differs from plain and from the others
+    tools = generation.make_request(messages=[{"role": "user", "content": "hi"}], model=MODEL,
+                                    tools=CONSTRAINED["tools"]["tools"])
+    assert receipts.request_prompt_hash(tools) != receipts.prompt_hash(messages=[("user", "hi")])

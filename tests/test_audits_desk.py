@@ -15,6 +15,7 @@ import pytest
 
 from gentorrent import audits, generation, receipts
 from gentorrent.config import AUDITS, REPUTATION
+from gentorrent.ledger.chain_params import ChainParams
 from gentorrent.crypto.keys import Identity
 from gentorrent.wire import gentorrent_pb2 as pb
 from tests.test_epochs_scoring import reference_logits, sample, view
@@ -355,7 +356,7 @@ async def test_a_verifier_with_epochs_runs_an_audit_desk_and_stops_it(tmp_path):
 
         def epoch_host(self):
             return RunnerHost(Identity.from_seed(b"v" * 32), box, box.public_key().public_bytes_raw(), "c",
-                              set(), lambda path: (1, b""), submit, send_private)
+                              set(), lambda path: (1, b""), submit, send_private, ChainParams())
 
     class Reference(SyntheticReference):
         async def close(self):

@@ -14,11 +14,12 @@ import time
 import pytest
 
 from gentorrent import audits, generation, receipts
-from gentorrent.config import AUDITS, REPUTATION
+from gentorrent.config import AUDITS
 from gentorrent.crypto.keys import Identity
 from gentorrent.crypto import tls
 from gentorrent.ledger.genesis import Genesis
 from gentorrent.ledger.sections import DirectoryFormatError
+from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from testkit.epochs import (CHEAT_TOKENS, HONEST_TOKENS, MODEL, REPLAYED_TOKENS, EpochCommittee, ScriptedModels,
@@ -112,7 +113,7 @@ async def test_a_node_cheating_only_on_real_traffic_is_untrusted_through_audits(
     asks = {"sly": (sly, CHEAT_TOKENS, 0.0), "honest": (honest, HONEST_TOKENS, 0.0)}
     async with _epochs_with_users(tmp_path, models, [sly, honest], sly, asks) as (committee, acks):
         sec = committee.section()
-        done = [h for h in sec.history if h.phase == "done"]
+        done = [h for h in sec.history if h.phase == Phase.DONE]
         assert not committee.model(sly).trusted, [r.log[-6:] for r in committee.runners]
         assert len(done) <= 5
         assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
@@ -132,7 +133,7 @@ async def test_a_node_replaying_one_reply_to_its_users_is_untrusted_through_audi
     asks = {"replayer": (replayer, REPLAYED_TOKENS, 0.7), "honest": (honest, HONEST_TOKENS, 0.0)}
     async with _epochs_with_users(tmp_path, models, [replayer, honest], replayer, asks) as (committee, _):
         assert not committee.model(replayer).trusted, [r.log[-6:] for r in committee.runners]
-        assert len([h for h in committee.section().history if h.phase == "done"]) <= 5
+        assert len([h for h in committee.section().history if h.phase == Phase.DONE]) <= 5
         assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
         assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
 
@@ -175,7 +176,7 @@ def test_malformed_audit_reports_are_refused(mutate, reason):
 
     m = pb.EpochAuditReport(epoch=3, receipts_digest=b"d" * 32,
                             scores=[pb.NodeScore(node_id=b"\1" * 32, score_micros=900_000)])
-    epoch_txs.validate("epoch_audit_report", m)
+    epoch_txs.validate(m)
     mutate(m)
     with pytest.raises(TxError, match=reason):
-        epoch_txs.validate("epoch_audit_report", m)
+        epoch_txs.validate(m)

@@ -30,7 +30,7 @@ MODEL = "smollm2-135m"
 ALWAYS = dataclasses.replace(AUDITS, rate=1.0)
 NEVER = dataclasses.replace(AUDITS, rate=0.0)
 NODE = Identity.from_seed(b"u" * 32)
-RECORD = ModelRecord(NODE.node_id, NODE.public_key, "127.0.0.1:1", MODEL, b"\0" * 32, b"")
+RECORD = ModelRecord(NODE.node_id, NODE.public_key, "127.0.0.1:1", MODEL, b"\0" * 32)
 NOW_MS = 1_800_000_000_000
 WINDOW = audits.AuditWindow(NOW_MS - 1000, NOW_MS + 1000)
 
@@ -113,7 +113,7 @@ class _Member(rpc.VerifierServicer):
 
     def __init__(self, home, models) -> None:
         self.keys = NodeKeys.load_or_create(home)
-        self.tls = tls.TlsIdentity.load_or_create(home, self.keys.identity)
+        self.tls = tls.TlsIdentity.load_or_create_self_signed(home, self.keys.identity)  # a verifier's
         self.service = AuditService(models, reference=None, epoch=lambda: 1, params=ALWAYS,
                                     audit_key=self.keys.onion.private_key)
         self.arrived = asyncio.Event()

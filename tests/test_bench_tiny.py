@@ -33,16 +33,38 @@ TINY: dict[str, tuple[str, int]] = {
     "detection.py": (PLAIN, 180),
     "engine.py": (SHARED_ENGINE, 600),
     "engine_profile.py": (SHARED_ENGINE, 600),
+    "honest_noise.py": (PLAIN, 120),
     "load.py": (PLAIN, 180),
     "overlay.py": (PLAIN, 240),
     "reliability.py": (PLAIN, 240),
     "reply_timing.py": (PLAIN, 60),
     "routing.py": (SESSION_NODE, 300),
+    "scale.py": (PLAIN, 280),  # the real app, real proofs, and a few seconds of running nodes
     "sida.py": (PLAIN, 60),
     "verify_throughput.py": (SHARED_ENGINE, 600),
+    "wan.py": (PLAIN, 480),  # a WAN devnet in namespaces (root), ~95 s
 }
 
 FILES = sorted(p.name for p in BENCH.glob("*.py"))
+
+
+def _scale_figures(figures: dict) -> None:
+    """bench/scale.py: every figure of the directory at scale, and the ones a goal rests on."""
+    for key in ("commit_1000_ms", "renewals_block_ms", "sample_bytes", "peer_record_bytes", "roster_bytes",
+                "roster_changes_bytes", "user_bytes_per_min", "model_member_bytes_per_min", "first_view_bytes",
+                "first_view_cpu_ms", "flood", "sybil"):
+        assert key in figures, key
+    assert figures["sample_relays"] == 18 and figures["roster_members"] == 20
+    assert figures["roster_changes_bytes"] < figures["roster_bytes"]  # unchanged members come as hashes
+    flood = figures["flood"]
+    assert flood["honest_committed_after_blocks"] in (1, 2)  # honest registrations still commit within 2 blocks
+    assert flood["refused"] >= flood["registrations"] - 4  # one /24: the genesis' cap of 4 relays at most
+    live = figures["live"]
+    assert live["asks_answered"] > 0 and live["member_per_min"]["roster"][0] > 0  # nodes ran and followed
+
+
+#: bench file -> what its tiny figures must show beyond running (one run serves both)
+FIGURE_CHECKS = {"scale.py": _scale_figures}
 
 
 def _env() -> dict[str, str]:
@@ -90,6 +112,7 @@ def test_every_bench_runs_its_tiny_mode_and_prints_one_json_line(name, request):
                               capture_output=True, text=True, timeout=limit_s, start_new_session=True)
         figures = _figures(name, done)
     assert figures.get("bench") == name[:-3], figures
+    FIGURE_CHECKS.get(name, lambda figures: None)(figures)
 
 
 def test_the_list_names_only_benches_that_exist():

@@ -16,6 +16,7 @@ import pytest
 import gentorrent
 from devnet import network as devnet
 from gentorrent.cli import every_option_has_help
+from gentorrent.home_lock import LOCK_FILE
 from model_node import cli as model_cli
 from testkit.committee import free_base_port
 from testkit.echo_model import ECHO_PREFIX, EchoModelNode
@@ -100,6 +101,8 @@ def test_gt_user_start_refuses_bad_arguments_and_files_changing_nothing(tmp_path
             (("--listen", "nonsense"), "is not HOST:PORT"),
             (("--api-listen", "127.0.0.1:99999"), "from 0 to 65535"),
             (("--api-listen", f"127.0.0.1:{taken}"), "cannot listen on --api-listen"),
+            (("--api-listen", "0.0.0.0:0"), "--api-key"),  # every interface and no key: anyone would ask as you
+            (("--cors-origin", "evil"), "--cors-origin"),
         ]
         for args, words in cases:
             extra = () if args[0] in ("--directory", "--committee") else ("--directory", str(directory))
@@ -188,6 +191,19 @@ def test_gt_verifier_init_validates_ports_counts_and_files(tmp_path):
                     "already holds a verifier")
 
 
+def test_gt_verifier_init_hosts_gives_each_member_its_own_host(tmp_path):
+    """A committee on several machines (the WAN devnet's members, each in its own namespace)."""
+    _one_line_error(_cli("verifier.cli", "init", "--out", str(tmp_path / "c"), "--validators", "3",
+                         "--hosts", "10.1.0.1,10.2.0.1"), "names 2 hosts for 3 members")
+    assert not (tmp_path / "c").exists()
+    out = _cli("verifier.cli", "init", "--out", str(tmp_path / "c"), "--validators", "2", "--base-port", "40000",
+               "--hosts", "10.1.0.1,10.2.0.1")
+    assert out.returncode == 0, out.stderr.decode()
+    assert json.loads(out.stdout)["listen"] == ["10.1.0.1:40000", "10.2.0.1:40001"]
+    genesis = json.loads((tmp_path / "c" / "v1" / "genesis.json").read_text())
+    assert [v["address"] for v in genesis["validators"]] == ["10.1.0.1:40000", "10.2.0.1:40001"]
+
+
 def _one_member(tmp_path) -> Path:
     out = _cli("verifier.cli", "init", "--out", str(tmp_path / "c"), "--validators", "1",
                "--base-port", str(free_base_port(1)))
@@ -205,7 +221,8 @@ def test_gt_verifier_start_refuses_a_taken_port_before_starting_anything(tmp_pat
             _one_line_error(out, f"cannot listen on {option} 127.0.0.1:{taken}")
     finally:
         holder.close()
-    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before  # no block store, no WAL
+    after = sorted(p.relative_to(home) for p in home.rglob("*") if p.name != LOCK_FILE)  # the home lock's file
+    assert after == before  # no block store, no WAL
 
 
 def test_gt_verifier_start_whose_port_is_taken_while_it_starts_says_so_and_stops_cleanly(tmp_path):
@@ -257,7 +274,7 @@ def test_gt_devnet_root_after_the_command_and_a_stopped_devnet(tmp_path, capsys)
     root = tmp_path / "net"
     for args in (("status", "--root", str(root)), ("--root", str(root), "ask", "hi")):
         out = _cli("devnet.network", *args)
-        _one_line_error(out, "no devnet at", "gt-devnet up", code=1)
+        _one_line_error(out, "no devnet at", "gt-devnet up", code=3)
     holder, dead = _taken_port()
     holder.close()  # nothing listens there any more
     root.mkdir()
@@ -265,7 +282,7 @@ def test_gt_devnet_root_after_the_command_and_a_stopped_devnet(tmp_path, capsys)
                            {"api": f"http://127.0.0.1:{dead}"})
     devnet.DevnetState(str(root), "c", str(root / "genesis.json"), [user]).save()
     _one_line_error(_cli("devnet.network", "ask", "hi", "--root", str(root)), "nothing answers", "is the devnet up",
-                    code=1)
+                    code=3)
     _one_line_error(_cli("devnet.network", "up", "--users", "2", "--root", str(root)), "--users")
 
 

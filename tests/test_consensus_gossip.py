@@ -159,3 +159,34 @@ def test_round_states_are_bounded_and_an_observer_sends_none():
     observer = Driver(CHAIN, VALS, None, None, _Host(), CONSENSUS_FAST)
     observer.start_height(1)
     assert observer.gossip_tick() == [] and observer.round_state() is None
+
+
+def test_a_round_state_of_a_large_committee_lists_every_value_so_nothing_held_is_resent():
+    """31 validators voting for 12 values in one round (Byzantine ones for junk): a state used
+    to list only the 4 values with the most power, so a peer resent the votes of the other 8
+    every gossip period although the node held them, within one relay budget shared with the
+    votes it really lacked. Now every value is listed, and a peer that holds it all sends nothing."""
+    ids = [Identity.from_seed(hashlib.sha256(f"big-{i}".encode()).digest()) for i in range(31)]
+    vals = ValidatorSet([Validator(key.public_key, 1 + k % 3) for k, key in enumerate(ids)])
+
+    def big(me: int) -> Driver:
+        d = Driver(CHAIN, vals, me, None, _Host(), CONSENSUS_FAST, state_signer=ids[me].sign, state_seq=7)
+        d.start_height(1)
+        return d
+
+    def v(i: int) -> Vote:
+        value = bytes([i % 12 + 1]) * 32 if i % 12 else NIL
+        unsigned = Vote(VoteType.PREVOTE, 1, 0, value, i)
+        return replace(unsigned, signature=ids[i].sign(unsigned.sign_bytes(CHAIN)))
+
+    a, b = big(0), big(1)
+    for i in range(31):
+        a.on_message(v(i))
+        b.on_message(v(i))
+    state = b.round_state()
+    assert len(state.entry(0).prevotes) == 12
+    assert decode_payload(encode_payload(state)) == state and gossip.well_formed(state, 31)
+    assert relayed(a.on_round_state(state)) == []
+    too_many = replace(state, seq=state.seq + 1, rounds=(replace(state.rounds[0], prevotes=tuple(
+        gossip.VoteBits(bytes([k]) * 32, state.rounds[0].prevotes[0].bits) for k in range(1, 33))),))
+    assert not gossip.well_formed(too_many, 31)  # more values than 31 validators can have given

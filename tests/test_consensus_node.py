@@ -23,10 +23,11 @@ from consensus_netkit import Member, free_base_port
 from gentorrent.crypto.keys import Identity
 from gentorrent.crypto.tls import connect
 from gentorrent.ledger.light_client import (BadSignature, Committee, TooFewSignatures, UnknownKey, WrongAppHash,
-                                  fetch_directory, proof_of_reply, verify_directory, verify_proof)
+                                            committee_reader, verify_reply)
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from gentorrent.ledger.sections import encode_directory
+from gentorrent.ledger.authtree import Tree
+from gentorrent.ledger import queries
 from gentorrent.ledger.chain import (Block, BlockHeader, Commit, CommitSig, DirectoryProofCodec, Vote,
                                       VoteType)
 from gentorrent.ledger.genesis import Genesis
@@ -140,12 +141,13 @@ async def test_four_processes_commit_survive_a_kill_and_catch_up(tmp_path):
             for m in members[:2]:
                 await wait_registered(committee, i, m)
 
-        # the light client gets a directory from one verifier and checks it against genesis
+        # the light client gets proven answers from the verifiers and checks them against genesis
         verified = Committee.from_genesis(committee.genesis)
-        v1 = committee.genesis.validators[1]
-        directory = await fetch_directory(v1.address, v1.tls_cert_pem, verified)
-        assert {u.node_id for u in directory.users} >= {m.identity.node_id for m in members[:2]}
-        await check_forgeries(committee, verified)
+        reader = committee_reader(committee.genesis, timeout=5.0)
+        for m in members[:2]:
+            assert (await reader.ask(queries.UserLookup(m.identity.node_id))).result is not None
+        await reader.close()
+        await check_forgeries(committee, verified, members[0].identity.node_id)
 
         # kill -9 one validator: the other three go on and commit more registrations
         committee.procs[3].kill()
@@ -196,15 +198,19 @@ async def test_four_processes_commit_survive_a_kill_and_catch_up(tmp_path):
     assert codes == [0] * len(codes), f"unclean shutdown: {codes}"
 
 
-async def check_forgeries(committee: Committee4, verified: Committee) -> None:
+async def check_forgeries(committee: Committee4, verified: Committee, node_id: bytes) -> None:
+    query = queries.UserLookup(node_id)
     channel, stub = await committee.stub(2)
     try:
-        reply = await stub.Query(pb.QueryRequest(path="/directory"), timeout=5)
+        reply = await stub.Query(pb.QueryRequest(path=query.path, data=query.data), timeout=5)
     finally:
         await channel.close()
     assert reply.code == 0
-    verify_directory(reply.value, reply.height, reply.proof, verified)  # the genuine one passes
-    assert verify_proof(proof_of_reply(reply.value, reply.height, reply.proof), verified).height == reply.height
+
+    def verify_directory(value, height, proof, committee_):
+        return verify_reply(query, value, height, proof, committee_)
+
+    assert verify_directory(reply.value, reply.height, reply.proof, verified).result.node_id == node_id
     height, header_bytes, commit_bytes = DirectoryProofCodec.decode(reply.proof)
     header, commit = BlockHeader.decode(header_bytes), Commit.decode(commit_bytes)
 
@@ -225,8 +231,7 @@ async def check_forgeries(committee: Committee4, verified: Committee) -> None:
         verify_directory(reply.value, reply.height, with_commit(forged), verified)
 
     # a well-formed value for another state (no users, no models) under the genuine proof
-    empty = pb.UsersSection().SerializeToString(deterministic=True)
-    fake_value = encode_directory(height, empty, empty, os.urandom(32), os.urandom(32))
+    fake_value = queries.encode_answer(height, os.urandom(32), os.urandom(32), query.prove(Tree()))
     with pytest.raises(WrongAppHash, match="wrong app hash"):
         verify_directory(fake_value, reply.height, reply.proof, verified)
 

@@ -5,11 +5,12 @@ power. Adversarial schedules are in test_consensus_schedules.py."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
 from testkit.schedules import Byzantine, double_signing, lock_discipline, safety
-from testkit.simnet import FixedDelay, Network
+from testkit.simnet import CHAIN, FixedDelay, Network
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,15 @@ def test_equivocation_is_detected_and_committed_as_evidence():
         assert safety(net) == []
         evidence = {ev for (h, _), (block, _) in net.observer.decided_blocks.items() for ev in block.evidence}
         assert evidence, "no equivocation evidence made it into a block"
-        assert {ev.vote_a.validator for ev in evidence} == {2}
+        assert {ev.validator for ev in evidence} == {2}
+        kinds = {type(ev).__name__ for ev in evidence}
+        # votes and proposals: another peer relays the other proposal, and the two are evidence
+        assert kinds == {"DuplicateVoteEvidence", "DuplicateProposalEvidence"}, kinds
+        for ev in evidence:
+            ev.check(CHAIN, net.validators)
+            forged = replace(ev, **{f: replace(getattr(ev, f), validator=1) for f in ev.__dataclass_fields__})
+            with pytest.raises(ValueError):  # the same signatures named for another validator
+                forged.check(CHAIN, net.validators)
 
 
 def test_crash_restarts_without_network_faults_never_double_sign():

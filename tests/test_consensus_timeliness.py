@@ -56,10 +56,10 @@ def test_rule_bounds_the_future_only():
 
 
 def test_default_bound_is_the_same_for_fast_test_timeouts_and_below_the_election_timeout():
-    from gentorrent.config import EpochRunParams
+    from gentorrent.config import EpochParams
 
     assert CONSENSUS_FAST.max_clock_drift_ms == CONSENSUS.max_clock_drift_ms == 10_000
-    assert CONSENSUS.max_clock_drift_ms < EpochRunParams().election_timeout_ms
+    assert CONSENSUS.max_clock_drift_ms < EpochParams().election_timeout_ms
 
 
 # --------------------------------------------------------------------------- state machine

@@ -9,7 +9,7 @@ import pytest
 
 from gentorrent.config import CONSENSUS_FAST
 from testkit.simnet import CHAIN, KvHost, identities
-from verifier.consensus.driver import Broadcast, DoubleSignError, Driver, TimeoutFired
+from verifier.consensus.driver import Broadcast, DoubleSignError, Driver, Refused, TimeoutFired, within_drift
 from verifier.consensus.privval import PrivValidator
 from gentorrent.ledger.chain import (NIL, Proposal, Step, Validator, ValidatorSet, Vote, VoteType)
 from verifier.consensus.wal import WriteAheadLog
@@ -33,17 +33,20 @@ def signed_proposal(r, block, pol=-1) -> Proposal:
 class Validator1:
     """One validator's durable parts (WAL, sign state) in `home`, and its volatile driver."""
 
-    def __init__(self, home: Path, clock=lambda: 1.0) -> None:
+    def __init__(self, home: Path, clock=lambda: 1.0, timely=None) -> None:
         self.home = home
         self.wal = WriteAheadLog(home / "cs.wal")
         self.privval = PrivValidator(IDS[ME], home / "sign_state.json", before_sign=self.wal.sync)
         self.host = KvHost(VALS, ME, clock)
-        self.driver = Driver(CHAIN, VALS, ME, self.privval, self.host, CONSENSUS_FAST, journal=self.wal.append)
+        self.driver = Driver(CHAIN, VALS, ME, self.privval, self.host, CONSENSUS_FAST, journal=self.wal.append,
+                             timely=timely)
         self.sent: list = []
+        self.refused: list = []
         self._perform(self.driver.start_height(1, replay=self.wal.replay_from(1)))
 
     def _perform(self, effects) -> None:
         self.sent += [e.message for e in effects if isinstance(e, Broadcast)]
+        self.refused += [e for e in effects if isinstance(e, Refused)]
 
     def receive(self, msg) -> None:
         self.wal.append(msg)
@@ -159,6 +162,90 @@ def test_sign_state_survives_a_torn_slot_and_refuses_a_corrupt_file(tmp_path):
         PrivValidator(IDS[0], path)
 
 
+@pytest.mark.parametrize("cut", ["empty", "header", "half", "all but the crc"])
+def test_a_torn_first_write_of_the_sign_state_restarts_as_never_signed(tmp_path, cut):
+    """A crash inside the very first sign-state write used to leave a file the node refused to
+    start from ("no valid slot"). That signature never left the node (`sign` returns only after
+    the fdatasync), so nothing was signed with that state: it restarts as never signed."""
+    path = tmp_path / "sign_state.bin"
+    pv = PrivValidator(IDS[0], path)
+    pv.sign(Step.PREVOTE, 1, 0, b"vote-a")
+    pv.close()
+    data = path.read_bytes()
+    slot = len(data) // 2
+    keep = {"empty": slot + 1, "header": slot + 12, "half": slot + slot // 2, "all but the crc": len(data) - 2}[cut]
+    torn = bytearray(data[:keep])
+    torn[-1] ^= 0x5A  # whatever the disk held there: not the byte being written
+    path.write_bytes(bytes(torn))
+    back = PrivValidator(IDS[0], path)
+    assert back.last == (0, 0, 0) and back.last_bytes == b""
+    assert back.sign(Step.PREVOTE, 1, 0, b"vote-b")  # it may sign: the torn state was never released
+    back.close()
+    assert PrivValidator(IDS[0], path).last == (1, 0, 2)  # and that write holds
+
+
+def test_no_signature_leaves_before_its_sign_state_is_durable(tmp_path, monkeypatch):
+    """The ordering the torn-first-write rule rests on: a write that fails releases nothing,
+    and the next attempt writes the same slot again (the last good slot is never overwritten)."""
+    import os as _os
+    path = tmp_path / "sign_state.bin"
+    pv = PrivValidator(IDS[0], path)
+    pv.sign(Step.PREVOTE, 1, 0, b"vote-a")
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(_os, "fdatasync", broken)
+    with pytest.raises(OSError):
+        pv.sign(Step.PRECOMMIT, 1, 0, b"commit-a")
+    assert pv.last == (1, 0, 2) and pv.signed_count == 1  # nothing released, nothing remembered
+    monkeypatch.undo()
+    pv.sign(Step.PRECOMMIT, 1, 0, b"commit-b")
+    pv.close()
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF  # tear slot 0, where the failed write and its retry went: slot 1 is untouched
+    path.write_bytes(bytes(data))
+    back = PrivValidator(IDS[0], path)
+    assert (back.last, back.last_bytes) == ((1, 0, 2), b"vote-a")
+
+
+DRIFT_S = CONSENSUS_FAST.max_clock_drift_ms / 1000
+
+
+@pytest.mark.parametrize("before_s,after_s", [(-0.1, +0.1), (+0.1, -0.1)],
+                         ids=["untimely-then-clock-ahead", "timely-then-clock-stepped-back"])
+def test_replay_keeps_the_timeliness_verdict_whatever_the_clock_reads_after_a_restart(tmp_path, before_s, after_s):
+    """A proposal near the clock-drift bound: prevoted nil (too far ahead) or for its block
+    (within). Restarted with the clock on the other side of the bound (time moved on, or NTP
+    stepped it back), the node used to judge the replayed proposal again and refuse to sign
+    its own earlier step ("step (1, 0, 2) was already signed with other content"). The verdict
+    is an input, logged: replay re-sends exactly the prevote it signed."""
+    proposer = VALS.proposer(1, 0)
+    block = KvHost(VALS, proposer, lambda: 100.0).make_block(1, 0, ())
+    t_block = block.header.time_ms / 1000
+    clock = [t_block - DRIFT_S + before_s]
+
+    def timely(b):
+        return within_drift(b.header.time_ms, int(clock[0] * 1000), CONSENSUS_FAST.max_clock_drift_ms)
+
+    node = Validator1(tmp_path / "a", timely=timely)
+    node.receive(signed_proposal(0, block))
+    before = own(node.sent, VoteType.PREVOTE)
+    assert [v.block_hash for v in before] == [block.hash() if before_s > 0 else NIL]
+
+    clock[0] = t_block - DRIFT_S + after_s
+    restarted = Validator1(kill(tmp_path / "a", tmp_path / "b"), timely=timely)
+    assert restarted.refused == []
+    assert own(restarted.sent, VoteType.PREVOTE) == before  # the same signed prevote, re-sent
+
+    # and the verdict outlives a second restart, also after new inputs were logged
+    for i in [i for i in range(4) if i not in (ME,)][:1]:
+        restarted.receive(signed_vote(VoteType.PREVOTE, 0, NIL, i))
+    restarted.wal.sync()
+    clock[0] = t_block - DRIFT_S + before_s
+    third = Validator1(kill(tmp_path / "b", tmp_path / "c"), timely=timely)
+    assert third.refused == [] and own(third.sent, VoteType.PREVOTE) == before
+
+
 def test_rotation_keeps_early_records_of_the_next_height(tmp_path):
     wal = WriteAheadLog(tmp_path / "cs.wal", rotate_bytes=1)
     early = signed_vote(VoteType.PREVOTE, 0, NIL, 1, height=2)
@@ -219,3 +306,20 @@ def test_early_messages_of_the_next_height_replay_as_they_were_handled_across_tw
                    restarted.host, CONSENSUS_FAST)
     third.start_height(2, replay=again.replay_from(2))
     assert third.sm.round == 1 and third.sm.votes.round_power(1) == 2
+
+
+def test_a_rotation_after_a_restart_keeps_the_early_records_it_read_back(tmp_path):
+    """Rotation keeps the early records of the next height from memory (no re-read of the
+    file): those written before a restart, read back at open, are kept too."""
+    wal = WriteAheadLog(tmp_path / "cs.wal", rotate_bytes=1)
+    wal.append(signed_vote(VoteType.PREVOTE, 0, NIL, 0, height=1))
+    early = signed_vote(VoteType.PREVOTE, 0, NIL, 1, height=2)
+    wal.append(early)
+    wal.close()
+    again = WriteAheadLog(tmp_path / "cs.wal", rotate_bytes=1)
+    later = signed_vote(VoteType.PRECOMMIT, 0, NIL, 2, height=2)
+    again.append(later)
+    again.end_height(1)
+    again.close()
+    back = WriteAheadLog(tmp_path / "cs.wal")
+    assert back.events_for_height(1) == [] and back.events_for_height(2) == [early, later]

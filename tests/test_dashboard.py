@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from gentorrent.config import REPUTATION
+from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.metrics import exported_families, serve_app
 from testkit import browser
 from testkit.dashboard import watched_committee
@@ -30,7 +31,7 @@ def _data() -> DashboardData:
             ModelRow("bb" * 32, "127.0.0.1:8001", "smollm2-135m", 5, False, (1.0, 0.6, 0.3, 0.12), probation=3),
         ),
         users=12, last_epoch={"epoch": 4, "leader": "cc" * 8, "result": "accepted"},
-        block_time_ms=1_700_000_000_000, peers=(3, 3), epoch=5, epoch_phase="probing",
+        block_time_ms=1_700_000_000_000, peers=(3, 3), epoch=5, epoch_phase=Phase.PROBING,
     )
 
 
@@ -38,7 +39,7 @@ def _data() -> DashboardData:
 
 
 def _closed(epoch: int, *scores: tuple[str, float]) -> ClosedEpoch:
-    return ClosedEpoch(epoch, "done", tuple(scores), 10 * epoch)
+    return ClosedEpoch(epoch, Phase.DONE, tuple(scores), 10 * epoch)
 
 
 def test_history_records_a_point_per_closed_epoch_and_the_last_answered_challenge():

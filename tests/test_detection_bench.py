@@ -68,3 +68,30 @@ def test_probation_shortens_the_time_a_selective_cheater_spends_trusted_and_cost
     assert selective["probation"]["mean"] < selective["no_probation"]["mean"] and selective["ratio"] < 1.0
     assert selective["probation"]["max"] < 35
     assert honest["probation"] == honest["no_probation"] and honest["probation"]["mean"] == 35
+
+
+def test_several_challenges_and_a_robust_statistic_spare_an_honest_node_with_a_two_percent_abnormal_rate():
+    """Modelled: one challenge an epoch untrusts an honest node that the scorer
+    calls abnormal on 2 % of its replies in some runs; six, two outliers ignored, in none."""
+    scored = {"honest": _rows("honest", 1.0, 200), "random": _rows("random", 0.0)}
+    out = detection.robust_rule(scored, 35, 100, seed=5)
+    assert out["one_challenge"]["honest"]["ever_untrusted"] > 0
+    assert out[f"{detection.PER_EPOCH}_challenges_robust"]["honest"]["ever_untrusted"] == 0
+    assert out[f"{detection.PER_EPOCH}_challenges_robust"]["random"]["within_5"] == 1.0
+
+
+def test_the_strongest_selective_cheater_escapes_todays_challenges_and_not_all_the_defences():
+    scored = {"honest": _rows("honest", 1.0), "random": _rows("random", 0.0)}
+    out = detection.strongest_selective(scored, 20, 30, seed=5)["by_defences"]
+    assert out["none"]["0"]["never"] == 30  # no real asks: today's challenges never catch it
+    assert out["composed"]["0"]["never"] == 30  # the filters still tell it when to be honest
+    assert out["all"]["0"]["within_5"] >= 0.9  # nothing left to tell: it cheats blind and is caught
+    assert out["all"]["5"]["within_5"] >= out["none"]["5"]["within_5"]
+
+
+def test_the_cheater_drops_a_signal_the_defences_took_away():
+    none = {p.name: p for p in detection.cheater_policies(frozenset())}
+    assert none["honest on flagged requests"].tpr == 1.0  # the corpus lookup finds every challenge
+    everything = detection.cheater_policies(frozenset(detection.DEFENCES))
+    assert "honest on what the filters pass" not in {p.name for p in everything}  # they pass everything
+    assert all(p.tpr <= 0.5 for p in everything)  # no signal finds more challenges than chance

@@ -16,7 +16,7 @@ every challenge, since the devnet publishes its challenges' reply cap
 audits at rate 1 (`--audit-rate 1`), and users keep asking while the epochs run: the selective
 cheater falls to the audits of its real replies.
 
-GT_DEVNET_CHEATERS (comma-separated `gt-model serve --dishonest` kinds, default
+GT_DEVNET_CHEATERS (comma-separated testkit/cheaters.py kinds, default
 `replay,selective`) swaps the two cheaters for others: `GT_DEVNET_CHEATERS=noisy,other-model`
 runs the two kinds `make test` runs live nowhere else (Gemma's engine needs ~4.4 GiB more, and
 two more engines cost minutes), with the same users asking and the same audits.
@@ -24,10 +24,12 @@ two more engines cost minutes), with the same users asking and the same audits.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 import warnings
 from dataclasses import replace
@@ -128,7 +130,7 @@ def test_user_node_config_typo_is_a_clear_error_naming_the_key(tmp_path):
 def test_status_and_ask_without_a_devnet_say_so(tmp_path):
     for args in (("status",), ("ask", "hi")):
         out = _cli("devnet.network", "--root", str(tmp_path / "none"), *args)
-        assert out.returncode == 1
+        assert out.returncode == 3  # no devnet there (README "Exit statuses")
         assert "no devnet at" in out.stderr and "gt-devnet up" in out.stderr
 
 
@@ -138,10 +140,15 @@ def test_dishonest_kinds_are_given_out_in_turn_and_an_unknown_one_is_refused(tmp
         (devnet.REFERENCE, None), ("honest0", None), ("dishonest0", "replay"), ("dishonest1", "selective"),
         ("dishonest2", "replay")]
     out = _cli("devnet.network", "--root", str(tmp_path), "up", "--dishonest-kind", "pruned,lazy")
-    assert out.returncode == 1 and "unknown dishonest kind 'lazy'" in out.stderr
+    assert out.returncode == 2 and "unknown dishonest kind 'lazy'" in out.stderr  # a bad argument
     assert not list(tmp_path.iterdir())  # refused before anything started
     out = _cli("devnet.network", "--root", str(tmp_path), "up", "--audit-rate", "1.5")
     assert out.returncode == 2 and "--audit-rate" in out.stderr
+    out = _cli("devnet.network", "--root", str(tmp_path), "up", "--echo", "--dishonest", "1")
+    assert out.returncode == 1 and "--echo needs --dishonest 0" in out.stderr
+    out = _cli("devnet.network", "--root", str(tmp_path), "up", "--wan", "moon")
+    assert out.returncode == 2 and "invalid choice: 'moon'" in out.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_down_without_a_devnet_stops_nothing(tmp_path):
@@ -158,10 +165,15 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
     # CPU engine, and the epochs this test waits for are what its run time is made of
     shape = replace(DEVNET, honest_models=2, dishonest_models=len(CHEATERS), dishonest_variant=",".join(CHEATERS),
                     audit_rate=1.0, users=CLOVES.n + 1, challenge_max_tokens=64)
-    notes: list[str] = []
+    t0 = time.monotonic()
+    notes: list[str] = []  # what `up` said, with when (printed at the end: where the time went)
+
+    def note(line: str) -> None:
+        notes.append(f"{time.monotonic() - t0:6.0f} s  {line}")
+
     try:
         # the session's honest model node doubles as the verifiers' reference engine
-        state = devnet.up(root, shape, progress=notes.append,
+        state = devnet.up(root, shape, progress=note,
                           reference_at=(model_node.address, model_node.info["cert_file"]))
         assert devnet.running(root), "up returned but nothing runs"
         assert len(state.of_role("verifier")) == DEVNET.verifiers
@@ -192,14 +204,19 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         report = devnet.status(root)
         assert all(row["running"] for row in report["nodes"])
         assert report["committee_directory"]["models"] == len(models)
+        # a model is its weights: both honest nodes registered the one digest of SmolLM2's weights
+        digests = {json.loads((Path(m.home) / "node.json").read_text())["weights_digest"] for m in models[:2]}
+        assert len(digests) == 1 and digests.pop().startswith("sha256:")
         assert report["committee_directory"]["users"] >= shape.users  # (+ verifiers' probing users)
 
         # Prometheus text on every node
         for node in state.nodes:
             with urllib.request.urlopen(node.extra["metrics"], timeout=10) as r:
                 text = r.read().decode()
-            assert {"verifier": "gentorrent_consensus_height", "model": "gentorrent_load",
-                    devnet.REFERENCE: "gentorrent_load", "user": "gentorrent_cloves_relayed"}[node.role] in text
+            assert {"verifier": "gentorrent_consensus_height", "model": "gentorrent_requests_running",
+                    devnet.REFERENCE: "gentorrent_requests_running", "user": "gentorrent_cloves_relayed"}[node.role] in text
+            if node.role == "model":  # vLLM's request families, on every node that served
+                assert "gentorrent_time_to_first_token_seconds_bucket" in text
 
         # the verifiers' status page shows the live network (rendered by headless Chromium)
         from testkit.browser import dump_dom
@@ -213,9 +230,11 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
         # verification: the dishonest node becomes untrusted, when this build runs epochs
         table = demo.reputation_table(state)
         assert {r["name"] for r in table} == {m.name for m in models}
+        note("asked, forwarded, status, metrics and dashboard checked")
         if demo.epochs_running(state):
             with _UsersAsking(root, audited) as asking:  # real traffic for the audits to sample
                 untrusted_at = demo.run_verification(state, timeout_s=900)
+            note(f"verification: cheaters untrusted after {untrusted_at} epochs")
             assert untrusted_at, "a dishonest node was not untrusted"
             # the paper's goal, counted from each cheater's registration (epochs that opened after it)
             assert max(untrusted_at.values()) <= REPUTATION.goal_epochs, untrusted_at
@@ -237,6 +256,8 @@ def test_devnet_up_ask_verify_dashboard_down(tmp_path, model_node):
                           "the 'dishonest node becomes untrusted' step was not tested")
     finally:
         stopped = devnet.down(root)
+        note(f"down: {len(stopped)} processes stopped")
+        print("\n".join(notes))
     engines = len(state.of_role("model")) + len(state.of_role(devnet.REFERENCE))
     assert len(stopped) == DEVNET.verifiers + engines + shape.users
     assert devnet.running(root) == []

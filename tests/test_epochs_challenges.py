@@ -101,7 +101,7 @@ def _reveals():
 def test_plan_and_reveals_round_trip():
     plan = ch.make_plan(5, _reveals())
     assert plan.node_ids == ["m1", "m2", "m3"]
-    ch.check_plan(plan, ["m1", "m2", "m3", "m4"])
+    ch.check_plan(plan, ["m1", "m2", "m3", "m4"], 64)
     prompts = ch.check_reveals(plan, list(reversed(_reveals())))
     assert prompts["m2"] == Q("why did the roman empire split in two")
 
@@ -110,13 +110,13 @@ def test_bad_plans_and_reveals_are_rejected():
     reveals = _reveals()
     plan = ch.make_plan(5, reveals)
     with pytest.raises(ch.ChallengeError):
-        ch.check_plan(plan, ["m1", "m2"])  # m3 unregistered
+        ch.check_plan(plan, ["m1", "m2"], 64)  # m3 unregistered
     dup = ch.ChallengePlan(5, plan.entries + plan.entries[:1])
     with pytest.raises(ch.ChallengeError):
-        ch.check_plan(dup, ["m1", "m2", "m3"])
+        ch.check_plan(dup, ["m1", "m2", "m3"], 64)
     same_commit = ch.ChallengePlan(5, (plan.entries[0], ch.ChallengeEntry("m2", plan.entries[0].commitment)))
     with pytest.raises(ch.ChallengeError):
-        ch.check_plan(same_commit, ["m1", "m2", "m3"])
+        ch.check_plan(same_commit, ["m1", "m2", "m3"], 64)
     with pytest.raises(ch.ChallengeError):  # same question to two nodes (only case differs)
         ch.make_plan(5, reveals + [ch.Reveal("m4", b"\x04" * 32, Q("WHY did the Roman Empire split in two?"))])
     altered = [reveals[0], ch.Reveal("m2", reveals[1].nonce, Q("why did the roman empire fall")), reveals[2]]

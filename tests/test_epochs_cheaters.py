@@ -1,4 +1,4 @@
-"""Behavioural cheaters (model_node.cheaters) sign what they did not compute honestly.
+"""Behavioural cheaters (testkit.cheaters) sign what they did not compute honestly.
 
 The weight cheats (pruned, noisy, other-model) run real engines: tests/test_epochs_live.py and
 bench/detection.py use them. Here a scripted engine stands in for vLLM, to check each behaviour.
@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from gentorrent.crypto.keys import Identity
 from gentorrent import receipts
-from model_node import cheaters
+from testkit import cheaters
 from model_node.engine import EngineDelta
 from model_node.service import LocalGenerator
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.config import EpochRunParams
+from gentorrent.config import MODEL_NODE, EpochRunParams
+from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.probe_format import challenge_request
 
@@ -80,6 +81,25 @@ async def test_random_and_replay_cheaters_sign_what_they_did_not_compute():
     receipts.verify_receipt(second.receipt, NODE.public_key, other, [7, 8, 9])
 
 
+async def test_the_random_cheater_runs_no_model_only_the_claimed_tokenizer():
+    """`gt-model serve` with the random cheater plugged in starts no vLLM engine (what it
+    serves needs none): the claimed model's tokenizer, random tokens of its vocabulary, signed."""
+    from model_node import catalogue
+    from model_node.cli import Serving
+
+    cheat = cheaters.Cheat("random")
+    assert isinstance(cheat, Serving) and cheat.weights("smollm2-135m", None) == ("smollm2-135m", None)
+    engine = await cheat.start_engine(catalogue.resolve("smollm2-135m"), MODEL_NODE)
+    assert isinstance(engine.llm, cheaters.TokenizerOnly) and engine.max_model_len == MODEL_NODE.max_model_len
+    gen = cheat.generator(LocalGenerator(engine, NODE), "smollm2-135m")
+    req = _request("Why is the sky blue?")
+    out = await _reply(gen, req)
+    assert len(out.token_ids) == req.sampling.max_tokens and out.text == engine.decode(list(out.token_ids))
+    receipts.verify_receipt(out.receipt, NODE.public_key, req, list(out.token_ids))
+    assert await engine.check_health() and engine.load().active == 0
+    engine.shutdown()
+
+
 async def test_the_replay_cheater_replays_when_its_consumer_stops_at_the_final_chunk():
     """Regression: the overlay intake and the forwarder stop at the final chunk and close the
     generator there, so a replayer that kept its reply after its last chunk never kept it
@@ -105,7 +125,7 @@ async def test_the_replay_cheater_replays_when_its_consumer_stops_at_the_final_c
 
 async def test_the_selective_cheater_is_honest_only_on_what_looks_like_a_challenge():
     honest = LocalGenerator(ScriptedEngine(), NODE)
-    from model_node.selective import ChallengeDetector, PublicChallengeShape
+    from testkit.selective import ChallengeDetector, PublicChallengeShape
 
     selective = cheaters.make_generator("selective", honest, "smollm2-135m")
     selective.detector = ChallengeDetector(shape=PublicChallengeShape(PINNED))
@@ -133,7 +153,7 @@ def test_pinned_challenge_sampling_gives_challenges_away_and_traffic_shaped_chal
     """With pinned challenge sampling no language model is needed: the sampling parameters and
     the message structure suffice. Challenges drawn from the traffic model (the default) have the
     shapes users' asks have, so the shape says nothing about any request."""
-    from model_node.selective import ChallengeDetector, PublicChallengeShape
+    from testkit.selective import ChallengeDetector, PublicChallengeShape
 
     pinned = ChallengeDetector(shape=PublicChallengeShape(PINNED))
     assert pinned.is_challenge(_pinned("Why do cats purr?"))
@@ -175,13 +195,13 @@ def test_a_text_model_trained_on_self_generated_challenges_recognises_held_out_o
 
 
 def test_the_public_epoch_phase_tells_a_node_when_it_can_be_probed():
-    from model_node.selective import epoch_timing
+    from testkit.selective import epoch_timing
 
     me, other = b"m" * 32, b"o" * 32
-    probing = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment(node_id=me)]))
+    probing = pb.EpochsSection(current=pb.EpochStateEntry(phase=Phase.PROBING, plan=[pb.ChallengeCommitment(node_id=me)]))
     assert epoch_timing(probing, me) > 0 > epoch_timing(probing, other)  # the plan names who is probed
-    assert epoch_timing(pb.EpochsSection(current=pb.EpochStateEntry(phase="attesting")), me) < 0
-    hidden = pb.EpochsSection(current=pb.EpochStateEntry(phase="probing", plan=[pb.ChallengeCommitment()]))
+    assert epoch_timing(pb.EpochsSection(current=pb.EpochStateEntry(phase=Phase.ATTESTING)), me) < 0
+    hidden = pb.EpochsSection(current=pb.EpochStateEntry(phase=Phase.PROBING, plan=[pb.ChallengeCommitment()]))
     assert epoch_timing(hidden, other) > 0  # a plan of hashes only: the phase is all it knows
     assert epoch_timing(None, me) == 0.0
 
@@ -201,7 +221,7 @@ def test_a_corpus_lookup_finds_a_rewritten_corpus_message_and_not_a_new_one():
     import random
 
     from gentorrent.traffic.transform import rewrite_text
-    from model_node.selective import ChallengeDetector, CorpusLookup, grams
+    from testkit.selective import ChallengeDetector, CorpusLookup, grams
 
     lookup = CorpusLookup(_STORED, threshold=0.5)
     rewritten = rewrite_text(_STORED[1], random.Random(3), rate=1.0)

@@ -1,7 +1,7 @@
 """Verification epochs end to end with real parts: a committee of 4 verifiers (real consensus over
 gRPC/TLS), real vLLM model nodes (the session's honest SmolLM2 node and cheaters that claim to
-be SmolLM2, started here with `gt-model serve --dishonest KIND`), challenges asked
-through the real anonymous overlay by each verifier's own user node, scored by the reference
+be SmolLM2, started here with `python -m testkit.dishonest_model --dishonest KIND serve`),
+challenges asked through the real anonymous overlay by each verifier's own user node, scored by the reference
 model in one teacher-forced pass. Three more nodes registered as SmolLM2 are stand-ins in
 processes of their own (`python -m testkit.echo_model`, real keys, TLS, clove
 intake and signed receipts): one is SIGSTOPped once registered (hung: the leader reports it
@@ -12,7 +12,7 @@ of the prompt (garbage the reference model scores down), one breaks its receipts
 Leaders that forge the honest node's reply or alter a reply are caught; one that drops it is
 contradicted (the node unscored, the leader's dispute recorded); the honest node is unharmed.
 
-The cheaters started are GT_LIVE_CHEATERS (comma-separated model_node.cheaters kinds, default
+The cheaters started are GT_LIVE_CHEATERS (comma-separated testkit.cheaters kinds, default
 `pruned,random`); `GT_LIVE_CHEATERS=pruned,noisy,other-model,random` runs all four kinds a
 committee catches on challenges alone. `make test` leaves two out: Gemma's engine (other-model)
 takes 4.4 GiB more (~20 GiB in all) and needs up to the full 5 epochs without audits, and the
@@ -52,14 +52,15 @@ from gentorrent.ledger.directory import StaticDirectory
 from gentorrent.ledger.sections import ModelRecord
 from testkit.localnet import start_user_nodes
 from verifier import cli
-from verifier.epochs import rules
+from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.ledger import txs
+from gentorrent.ledger.genesis import loopback_pow_nonce
 from gentorrent.ledger.sections import decode_model
-from verifier.consensus.node import VerifierNode
+from verifier.node import VerifierNode
 from verifier.epochs.reference import RemoteReference
-from verifier.epochs.runner import LeaderFaults
+from testkit.leader_faults import LeaderFaults
 from verifier.epochs.wiring import attach_epochs
-from model_node.cheaters import KINDS
+from testkit.cheaters import KINDS
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)]
 
@@ -126,9 +127,10 @@ class LiveCommittee:
                              f"runners {[r.log[-5:] for r in self.runners]}")
 
 
-def register_on_chain(home: Path, address: str, cert_pem: bytes) -> bytes:
+def register_on_chain(home: Path, address: str) -> bytes:
     keys = NodeKeys.load_or_create(home)
-    return txs.register_model(keys.identity, address, MODEL, 5, cert_pem, 1, chain_id=CHAIN)
+    return txs.register_model(keys.identity, address, MODEL, 5, 1, chain_id=CHAIN,
+                              pow_nonce=loopback_pow_nonce(CHAIN, keys.identity.public_key))
 
 
 class EchoNodes:
@@ -158,7 +160,7 @@ class EchoNodes:
 
     def registration(self, name: str) -> bytes:
         info = self.started[name]
-        return register_on_chain(info["home"], info["address"], (info["home"] / tls.CERT_FILE).read_bytes())
+        return register_on_chain(info["home"], info["address"])
 
     def stop(self) -> None:
         for name in self.started:
@@ -173,36 +175,36 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
     directory_path.write_text('{"users": [], "models": []}')
     assert CHEATERS and set(CHEATERS) <= set(KINDS) - {"replay", "selective"}, \
         f"GT_LIVE_CHEATERS: kinds from {', '.join(KINDS)}, except replay and selective (no users ask here)"
-    cheaters = {kind: ModelNodeProcess(tmp_path / kind, extra=("--dishonest", kind, "--directory",
-                                                                str(directory_path))) for kind in CHEATERS}
+    cheaters = {kind: ModelNodeProcess(tmp_path / kind, extra=("--directory", str(directory_path)), dishonest=kind)
+                for kind in CHEATERS}
     echoes = EchoNodes(tmp_path / "echo", directory_path)
-    try:  # the echo nodes start while the cheaters' engines do
+    try:  # the echo nodes start while the cheaters' engines do; a failing set-up stops both
         await asyncio.gather(*(asyncio.to_thread(c.start) for c in cheaters.values()), asyncio.to_thread(
             echoes.start, {"hung": (), "garbage": (), "badsig": ("--misbehave", "bad-signature")}))
+        engine_channel = await model_node.connect()
+        front = _IntakeFront(tmp_path / "front", directory, rpc.ModelNodeStub(engine_channel), model_node)
+        server, port = tls.new_server(front.tls, "127.0.0.1:0")
+        rpc.add_ModelNodeServicer_to_server(front, server)
+        await server.start()
+        directory.add_model(ModelRecord(bytes.fromhex(model_node.node_id), model_node.public_key, f"127.0.0.1:{port}", MODEL,
+                                        front.keys.onion.public_key))
+        for c in cheaters.values():
+            directory.add_model(ModelRecord(bytes.fromhex(c.node_id), c.public_key, c.address, MODEL,
+                                            NodeKeys.load_or_create(c.home).onion.public_key))
+        relays = await start_user_nodes(9, directory_path, tmp_path, cloves=CLOVES, params=PATIENT, maintain=False)
+        faults = LeaderFaults()
+        committee = LiveCommittee(tmp_path)
     except BaseException:
         for c in cheaters.values():
             c.stop()
         echoes.stop()
         raise
-    engine_channel = await model_node.connect()
-    front = _IntakeFront(tmp_path / "front", directory, rpc.ModelNodeStub(engine_channel), model_node)
-    server, port = tls.new_server(front.tls, "127.0.0.1:0")
-    rpc.add_ModelNodeServicer_to_server(front, server)
-    await server.start()
-    directory.add_model(ModelRecord(bytes.fromhex(model_node.node_id), model_node.public_key, f"127.0.0.1:{port}", MODEL,
-                                    front.keys.onion.public_key, front.tls.cert_pem))
-    for c in cheaters.values():
-        directory.add_model(ModelRecord(bytes.fromhex(c.node_id), c.public_key, c.address, MODEL,
-                                        NodeKeys.load_or_create(c.home).onion.public_key, c.cert_pem))
-    relays = await start_user_nodes(9, directory_path, tmp_path, cloves=CLOVES, params=PATIENT, maintain=False)
-    faults = LeaderFaults()
-    committee = LiveCommittee(tmp_path)
     try:
         await committee.start(model_node, directory_path, faults)
-        for tx in (register_on_chain(model_node.home, model_node.address, model_node.cert_pem),
-                   *(register_on_chain(c.home, c.address, c.cert_pem) for c in cheaters.values()),
+        for tx in (register_on_chain(model_node.home, model_node.address),
+                   *(register_on_chain(c.home, c.address) for c in cheaters.values()),
                    *(echoes.registration(name) for name in ("hung", "garbage", "badsig"))):
-            reply = await committee.nodes[0].submit_tx(tx, forwarded=False)
+            reply = await committee.nodes[0].consensus.submit_tx(tx, forwarded=False)
             assert reply.code == 0, reply.log
         echoes.sup.kill("hung", signal.SIGSTOP)  # registered, then hung: accepts connections, never answers
         honest, cheat = model_node.node_id, cheaters[CHEATERS[0]].node_id
@@ -220,7 +222,7 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             #    all untrusted
             sec = await committee.wait(lambda s: all(untrusted(n) for n in (*zoo.values(), hung, garbage, badsig)),
                                        f"{', '.join(CHEATERS)}, hung, garbage and bad-signature nodes untrusted", 900)
-            done = [h for h in sec.history if h.phase == rules.DONE and h.result]
+            done = [h for h in sec.history if h.phase == Phase.DONE and h.result]
             assert done, [(h.epoch, h.phase, h.reason) for h in sec.history]
             scores = {n: [s.score_micros / 1e6 for h in done for s in h.result if s.node_id.hex() == n]
                       for n in (honest, *zoo.values(), hung, garbage, badsig)}
@@ -263,7 +265,7 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             faults.drop.clear()
             assert committee.model(honest).trusted and committee.model(honest).reputation >= before - 0.05
             disputed = [h for h in sec.history[closed:] if "disputed" in h.reason]
-            assert all(h.phase == rules.DONE and not h.faulty_leader for h in disputed), disputed
+            assert all(h.phase == Phase.DONE and not h.faulty_leader for h in disputed), disputed
             assert sum(m.disputes for m in sec.members) >= 1
             closed = len(sec.history)
 

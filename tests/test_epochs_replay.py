@@ -1,7 +1,7 @@
 """A reply must answer its own prompt: replayed output is caught (verifier/epochs/repeats.py and
 the relevance test of verifier/epochs/scoring.py).
 
-The attack: the `replay` cheater (model_node/cheaters.py) answers a challenge with the reply it
+The attack: the `replay` cheater (testkit/cheaters.py) answers a challenge with the reply it
 computed honestly for an earlier, different prompt. Teacher forcing adapts the reference to the
 replayed text, so the whole-reply tests of the scoring pass stay close to honest."""
 
@@ -180,3 +180,4 @@ def test_the_opening_tail_z_is_finite_for_any_count():
 
     assert _poisson_z(0, 0.5) == 0.0 and 0 < _poisson_z(2, 0.16) < 3 < _poisson_z(3, 0.16)
     assert 30 < _poisson_z(128, 0.001) < 100
+

@@ -195,3 +195,31 @@ def test_reputation_stays_in_unit_interval_and_is_monotone_in_credibility(histor
     assert 0.0 <= lo.reputation <= 1.0 and 0.0 <= hi.reputation <= 1.0
     # a better reply never earns less: same window except the new value
     assert hi.reputation >= lo.reputation - 1e-12
+
+
+# --------------------------------------------------------------------------- several challenges an epoch
+
+
+def test_one_abnormal_challenge_among_an_epochs_several_is_not_the_epochs_credibility():
+    """The demo's honest 0.34 among otherwise clean replies: C(T) is not abnormal."""
+    from verifier.epochs.reputation import robust_credibility
+
+    assert robust_credibility([1.0, 0.34, 1.0, 0.98, 1.0, 1.0]) >= REPUTATION.abnormal_threshold
+    assert robust_credibility([1.0, 0.34, 0.1, 1.0, 1.0, 1.0]) >= REPUTATION.abnormal_threshold
+
+
+def test_a_cheater_abnormal_on_half_its_challenges_has_an_abnormal_epoch():
+    from verifier.epochs.reputation import robust_credibility
+
+    assert robust_credibility([0.0, 0.1, 0.2, 1.0, 1.0, 1.0]) < REPUTATION.abnormal_threshold
+    assert robust_credibility([0.3]) == 0.3  # one challenge: its score, as before
+    assert robust_credibility([0.3, 0.9]) == 0.3  # never half of them ignored
+    assert robust_credibility([0.3, 0.9, 0.8]) == 0.8
+
+
+def test_the_robust_credibility_refuses_bad_scores_and_changes_nothing():
+    from verifier.epochs.reputation import ReputationError, robust_credibility
+
+    for bad in ([], [1.2], [float("nan"), 1.0]):
+        with pytest.raises(ReputationError):
+            robust_credibility(bad)

@@ -16,13 +16,13 @@ from dataclasses import replace
 import pytest
 
 from consensus_netkit import free_base_port
-from gentorrent.config import EPOCH_RUN, REPUTATION
+from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION
 from gentorrent.crypto.keys import Identity
 from testkit.epochs import SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier import cli
-from verifier.epochs import rules
-from verifier.epochs.runner import LeaderFaults
+from gentorrent.ledger.epoch_txs import Phase
+from testkit.leader_faults import LeaderFaults
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
 
@@ -37,7 +37,7 @@ async def test_epochs_run_by_themselves_and_a_cheater_becomes_untrusted(tmp_path
         await committee.register(honest, 9001)
         await committee.register(cheat, 9002)
         sec = await committee.wait_epochs(4)
-        done = [h for h in sec.history if h.phase == rules.DONE and h.result]
+        done = [h for h in sec.history if h.phase == Phase.DONE and h.result]
         assert len(done) >= 3, [(h.phase, h.reason) for h in sec.history]
         scores = {s.node_id: s.score_micros for h in done for s in h.result}
         assert scores[honest.node_id] > 900_000 and scores[cheat.node_id] < 100_000
@@ -64,7 +64,7 @@ async def test_a_node_that_replays_one_reply_becomes_untrusted(tmp_path):
     try:
         await committee.register(replayer, 9003)
         sec = await committee.wait_epochs(4)
-        scores = [s.score_micros for h in sec.history if h.phase == rules.DONE for s in h.result]
+        scores = [s.score_micros for h in sec.history if h.phase == Phase.DONE for s in h.result]
         assert scores[0] > 0 and scores[1:] and all(v == 0 for v in scores[1:]), scores  # the first is its sample
         for runner in committee.runners:  # zeroed by the memory of outputs, not by the scoring pass
             zeroed = [line for line in runner.log if "credibility 0.000 (output replayed from another prompt)" in line]
@@ -94,7 +94,7 @@ async def test_a_node_that_forwards_its_challenge_is_neither_scored_nor_punished
         for port, ident in enumerate((cheat, forwarder, outsider), 9001):
             await committee.register(ident, port)
         sec = await committee.wait_epochs(4)
-        done = [h for h in sec.history if h.phase == rules.DONE]
+        done = [h for h in sec.history if h.phase == Phase.DONE]
         assert len(done) >= 3, [(h.phase, h.reason) for h in sec.history]
         scored = {s.node_id for h in done for s in h.result}
         assert cheat.node_id in scored and forwarder.node_id not in scored
@@ -145,7 +145,7 @@ async def test_challenges_leave_at_independent_random_times(tmp_path):
         for port, ident in enumerate(nodes, 9001):
             await committee.register(ident, port)
         sec = await committee.wait_epochs(1)
-        assert sec.history[0].phase == rules.DONE and len(sec.history[0].result) == 4
+        assert sec.history[0].phase == Phase.DONE and len(sec.history[0].result) == 4
         first_epoch = models.asked_at[:4]  # the leader's four challenges (nobody was missing)
         assert sorted(models.asked[:4]) == sorted(n.node_id_hex for n in nodes)
         assert max(first_epoch) - min(first_epoch) > 0.01, first_epoch  # 4 uniform draws in 1.5 s
@@ -157,15 +157,19 @@ def test_by_default_challenges_spread_over_the_whole_probing_window():
     """The old default sent every challenge within 120 s of the plan's commit (public), in a
     600 s phase: a node knew it was probed then. Now the send time covers the whole window a
     challenge can use: everything but one per-probe timeout and the replies tx's margin."""
-    usable = EPOCH_RUN.probe_timeout_ms / 1000 - EPOCH_RUN.probe_timeout_s
-    assert EPOCH_RUN.spread_s == usable - EPOCH_RUN.replies_margin_s
+    usable = EPOCHS.probe_timeout_ms / 1000 - EPOCH_RUN.probe_timeout_s
+    assert EPOCH_RUN.spread_s(EPOCHS) == usable - EPOCH_RUN.replies_margin_s
     assert EPOCH_RUN.replies_margin_s <= 0.1 * usable
-    assert replace(EPOCH_RUN, challenge_spread_s=2.0).spread_s == 2.0
+    assert replace(EPOCH_RUN, challenge_spread_s=2.0).spread_s(EPOCHS) == 2.0
 
 
 def test_a_spread_that_would_miss_the_probe_deadline_is_refused():
+    """Against the chain's probe deadline (the genesis'), which a runner checks before it starts."""
     with pytest.raises(ValueError, match="challenge_spread_s"):
-        replace(EPOCH_RUN, challenge_spread_s=EPOCH_RUN.probe_timeout_ms / 1000)
+        replace(EPOCH_RUN, challenge_spread_s=EPOCHS.probe_timeout_ms / 1000).fits(EPOCHS)
+    replace(EPOCH_RUN, challenge_spread_s=60.0).fits(EPOCHS)
+    with pytest.raises(ValueError, match="challenge_spread_s"):
+        replace(EPOCH_RUN, challenge_spread_s=60.0).fits(replace(EPOCHS, probe_timeout_ms=30_000))
     with pytest.raises(ValueError, match="challenge_spread_s"):
         replace(EPOCH_RUN, challenge_spread_s=-1.0)
 
@@ -184,7 +188,7 @@ async def test_a_faulty_leader_is_detected_and_does_not_hurt_the_honest_node(tmp
         # a dropped reply is disputed (the others reached the node: it is unscored, nothing aborts);
         # an altered, forged or omitted one aborts the epoch with the leader blamed
         aborted = fault != "drop"
-        assert probed and all((h.phase == rules.ABORTED) == aborted and h.faulty_leader == aborted
+        assert probed and all((h.phase == Phase.ABORTED) == aborted and h.faulty_leader == aborted
                               for h in probed), [(h.phase, h.reason) for h in sec.history]
         expected = {"drop": "committee got valid replies", "omit": "does not cover the epoch's probe set"}.get(
             fault, "did not sign")
@@ -238,7 +242,7 @@ async def test_gt_verifier_start_with_epochs_runs_epochs_in_the_process(tmp_path
                 status = json.loads((await rpc.VerifierStub(channel).Status(pb.Empty(), timeout=5)).json)
             finally:
                 await channel.close()
-        assert history and history[0].epoch == 1 and history[0].phase == rules.DONE
+        assert history and history[0].epoch == 1 and history[0].phase == Phase.DONE
         assert history[0].leader == v.public_key and status["epochs"]["recent"]
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -190,3 +190,47 @@ def test_calibrate_threshold():
     assert tau == pytest.approx(0.8 * min(honest))
     with pytest.raises(sc.ScoringError):
         sc.calibrate_threshold([])
+
+
+
+def test_an_honest_short_reply_is_not_condemned_by_the_dispersion_tests_heavy_tail():
+    """The demo's honest 0.340 was a dispersion z of 4.1 and nothing else, on a
+    reply of at most 96 tokens (the devnet's cap). tests/data/honest_dispersion_outlier.json is an
+    honest 48-token reply (tokens drawn from the very distributions the reference reports, T = 1,
+    by a seeded simulation: ~1 reply in 400 of that length was condemned): a few in-top-k tokens
+    far below their positions' means dominate the sum of squared gaps, whose normal z then cries
+    wolf. Clipped at `dispersion_clip_nats` (expectation and variance exact under the clip), no
+    token moves the sum by more than the clip squared (fails with the clip at 0)."""
+    import json
+    from dataclasses import replace as _replace
+    from pathlib import Path
+
+    from gentorrent.config import SCORING
+    from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
+
+    case = json.loads((Path(__file__).parent / "data" / "honest_dispersion_outlier.json").read_text())
+    s = case["scores"]
+    scores = TokenScores([t[0] for t in s], [t[1] for t in s], [dict(enumerate(t[2])) for t in s])
+    sampling = SamplingSpec(case["temperature"], case["top_p"])
+    unclipped = score_reply(scores, sampling, _replace(SCORING, dispersion_clip_nats=0.0))
+    assert unclipped.credibility < 0.5 and unclipped.z["dispersion"] > 4
+    assert max(v for k, v in unclipped.z.items() if k != "dispersion") < SCORING.z_tolerance
+    assert score_reply(scores, sampling).credibility == 1.0
+
+
+def test_above_temperature_one_the_tail_test_never_expects_fewer_tail_tokens_than_honest_sampling():
+    """At T > 1 small tokens gain most, so the tail's tempered weight is NOT at
+    most tail_mass * p_min^(1/T - 1) (that is a lower bound there). Twenty tokens of p = 0.02 and a
+    tail of 0.6 spread over 30,000 tokens of 2e-5: honest sampling at T = 1.2 leaves the top-k
+    82 % of the time; the old bound expected 60 % and condemned the honest reply (fails without
+    the bound over TAIL_VOCAB)."""
+    import math
+
+    from verifier.epochs.scoring import SamplingSpec, TokenScores, score_reply
+
+    top = {j: math.log(0.02) for j in range(20)}
+    n, in_top = 200, 36  # 82 % of 200 outside the top-k, as honest sampling gives
+    logprob = [math.log(2e-5)] * (n - in_top) + [math.log(0.02)] * in_top
+    rank = [21] * (n - in_top) + [1 + j % 20 for j in range(in_top)]
+    report = score_reply(TokenScores(logprob, rank, [top] * n), SamplingSpec(1.2, 1.0))
+    assert report.z["tail"] < 3.0 and report.credibility == 1.0, report.z

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from gentorrent.config import EPOCH_RUN, REPUTATION
+from gentorrent.config import EPOCHS, REPUTATION
 from gentorrent.crypto.keys import Identity
-from gentorrent.crypto.tls import make_self_signed
 from gentorrent import receipts
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.epochs import rules
+from gentorrent.ledger.epoch_txs import Phase
+from verifier.epochs import machine
 from gentorrent.ledger import epoch_txs, txs
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo
@@ -21,7 +21,7 @@ from verifier.epochs.challenges import commit_request, epoch_probe_seed, select_
 from gentorrent.traffic.model import ChatRequest
 from verifier.epochs.probe_format import challenge_request, vrf_public_of, vrf_secret_of
 from verifier.epochs.reply_commitments import is_forwarded, private_reply_problem, public_reply, reply_digest
-from verifier.epochs.runner import FORGED_TOKENS, forged_receipt
+from testkit.leader_faults import FORGED_TOKENS, forged_receipt
 
 MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
 MODELS = [Identity.from_seed(bytes([60 + i]) * 32) for i in range(3)]
@@ -72,7 +72,7 @@ class Chain:
 @pytest.fixture
 def chain(tmp_path):
     c = Chain(tmp_path / "app.db")
-    c.block([txs.register_model(m, f"127.0.0.1:{9000 + i}", MODEL, 5, make_self_signed(m).cert_pem, 1, chain_id=CHAIN)
+    c.block([txs.register_model(m, f"127.0.0.1:{9000 + i}", MODEL, 5, 1, chain_id=CHAIN)
              for i, m in enumerate(MODELS)])
     yield c
     c.close()
@@ -91,7 +91,7 @@ def elect(chain: Chain) -> Identity:
                                   chain.next_seq(m), chain_id=CHAIN) for m in MEMBERS]
     assert chain.block(proofs) == [0, 0, 0, 0]
     sec = chain.section
-    assert sec.current.phase == rules.PLANNING
+    assert sec.current.phase == Phase.PLANNING
     members = [(m.public_key.hex(), vrf_public_of(m)) for m in MEMBERS]
     expected = vrf.elect_leader("gt-epochs", epoch, seed, members,
                                 {m.public_key.hex(): vrf.prove_leadership(vrf_secret_of(m), "gt-epochs", epoch, seed)
@@ -117,7 +117,7 @@ def run_to_replies(chain: Chain, replies_for=None, models: list[Identity] = MODE
     prompts = {n: p for n, p in prompts_for(epoch).items() if n in {m.node_id for m in models}}
     plan = [(n, commit_request(nonce, ChatRequest.question(p))) for n, (nonce, p) in prompts.items()]
     assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
-    assert chain.section.current.phase == rules.PROBING
+    assert chain.section.current.phase == Phase.PROBING
     items = (replies_for or (lambda p: [signed_reply(m, p[m.node_id][1], [1, 2, 3]) for m in models]))(prompts)
     chain.private = {r.node_id: r for r in items}  # what the leader sends the members privately
     public = [public_reply(r) for r in items]
@@ -158,7 +158,7 @@ def test_epochs_open_only_once_a_quorum_registered_keys(chain):
     chain.block([epoch_txs.member_keys(m, vrf_public_of(m), bytes([7]) * 32, chain.next_seq(m), chain_id=CHAIN)
                  for m in MEMBERS[1:]])
     sec = chain.section
-    assert sec.epoch == 1 and sec.current.phase == rules.ELECTING and sec.current.seed == bytes([chain.height]) * 32
+    assert sec.epoch == 1 and sec.current.phase == Phase.ELECTING and sec.current.seed == bytes([chain.height]) * 32
 
 
 def test_a_wrong_vrf_proof_or_a_non_leader_plan_is_refused_and_changes_nothing(chain):
@@ -173,7 +173,7 @@ def test_a_wrong_vrf_proof_or_a_non_leader_plan_is_refused_and_changes_nothing(c
     other = next(x for x in MEMBERS if x != leader)
     plan = [(MODELS[0].node_id, bytes(32))]
     assert chain.app.check_tx(epoch_txs.plan(other, 1, plan, 1000, chain_id=CHAIN)).code == txs.CODE_UNAUTHORIZED
-    assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000, chain_id=CHAIN)).code == rules.CODE_WRONG_PHASE
+    assert chain.app.check_tx(epoch_txs.plan(leader, 2, plan, 1000, chain_id=CHAIN)).code == machine.CODE_WRONG_PHASE
     same_prompt = [(m.node_id, bytes(32)) for m in MODELS]  # covers the probe set, one commitment twice
     assert chain.app.check_tx(epoch_txs.plan(leader, 1, same_prompt, 1000, chain_id=CHAIN)).code == \
         txs.CODE_INVALID_FIELD
@@ -214,7 +214,7 @@ def test_a_leader_that_leaves_a_node_out_of_its_plan_is_faulty(chain, plan_nodes
             plan.append((bytes([9]) * 32, commit_request(bytes(32), ChatRequest.question("Who are you?"))))
         assert chain.block([epoch_txs.plan(leader, epoch, plan, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
         summary = chain.section.history[-1]
-        assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
+        assert summary.epoch == epoch and summary.phase == Phase.ABORTED and summary.faulty_leader
         assert "does not cover the epoch's probe set" in summary.reason
         faults[leader.public_key] = faults.get(leader.public_key, 0) + 1
         assert {m.public_key: m.faults for m in chain.section.members}[leader.public_key] == faults[leader.public_key]
@@ -224,7 +224,7 @@ def test_a_leader_that_leaves_a_node_out_of_its_plan_is_faulty(chain, plan_nodes
 def test_an_honest_epoch_applies_median_scores_and_reputation(chain):
     register_keys(chain)
     leader, epoch, _ = run_to_replies(chain)
-    assert chain.section.current.phase == rules.ATTESTING
+    assert chain.section.current.phase == Phase.ATTESTING
     good, bad, mid = (m.node_id for m in MODELS)
     # three attestations reach the quorum; one member is far off on `mid` and gets a mark
     per_member = [{good: (990_000, 0), bad: (100_000, 0), mid: (600_000, 0)},
@@ -232,12 +232,12 @@ def test_an_honest_epoch_applies_median_scores_and_reputation(chain):
                   {good: (985_000, 0), bad: (90_000, 0), mid: (900_000, 0)}]
     for member, scores in zip(MEMBERS[:2], per_member[:2]):
         assert attest(chain, [member], epoch, scores) == [0]
-        assert chain.section.current.phase == rules.ATTESTING
+        assert chain.section.current.phase == Phase.ATTESTING
     assert attest(chain, [MEMBERS[2]], epoch, per_member[2]) == [0]
     sec = chain.section
-    assert sec.epoch == epoch + 1 and sec.current.phase == rules.ELECTING
+    assert sec.epoch == epoch + 1 and sec.current.phase == Phase.ELECTING
     summary = sec.history[-1]
-    assert summary.phase == rules.DONE and not summary.faulty_leader
+    assert summary.phase == Phase.DONE and not summary.faulty_leader
     agreed = {s.node_id: s.score_micros for s in summary.result}
     assert agreed == {good: 990_000, bad: 100_000, mid: 610_000}  # medians
     marks = {m.public_key: m.disagreements for m in sec.members}
@@ -247,7 +247,7 @@ def test_an_honest_epoch_applies_median_scores_and_reputation(chain):
         assert chain.model(ident).reputation == pytest.approx(expected.reputation, abs=1e-12)
     # late attestation of a closed epoch: refused
     late = epoch_txs.attestation(MEMBERS[3], epoch, [], 1000, chain_id=CHAIN)
-    assert chain.app.check_tx(late).code == rules.CODE_WRONG_PHASE
+    assert chain.app.check_tx(late).code == machine.CODE_WRONG_PHASE
 
 
 def test_a_cheater_becomes_untrusted_over_epochs_and_honest_stays_trusted(chain):
@@ -281,7 +281,7 @@ def test_attack_an_untrusted_node_that_leaves_and_registers_again_stays_untruste
     kept = {w.node_id: w for w in chain.section.windows}
     assert cheater.node_id in kept and kept[cheater.node_id].untrusted and kept[cheater.node_id].offences == 1
     assert honest.node_id not in kept  # in good standing: nothing to remember
-    back = [txs.register_model(m, f"127.0.0.1:{9100 + i}", MODEL, 5, make_self_signed(m).cert_pem,
+    back = [txs.register_model(m, f"127.0.0.1:{9100 + i}", MODEL, 5,
                                3, chain_id=CHAIN) for i, m in enumerate((cheater, honest))]
     assert chain.block(back) == [0, 0]
     again = chain.model(cheater)
@@ -311,7 +311,7 @@ def test_the_public_state_holds_no_receipt_and_no_prompt_hash(chain):
     public = [public_reply(r) for r in full]
     assert chain.block([epoch_txs.replies(leader, epoch, public, chain.next_seq(leader), chain_id=CHAIN)]) == [0]
     state = chain.app.query("/epochs").value
-    assert chain.section.current.phase == rules.ATTESTING
+    assert chain.section.current.phase == Phase.ATTESTING
     for r in full:
         assert r.receipt.prompt_hash not in state and r.receipt.signature not in state
     assert [p.digest for p in chain.section.current.replies] == [reply_digest(r.node_id, r.receipt, [1, 2, 3])
@@ -331,7 +331,7 @@ def test_an_altered_reply_marks_the_leader_faulty_and_aborts(chain):
     assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
     sec = chain.section
     summary = sec.history[-1]
-    assert summary.phase == rules.ABORTED and summary.faulty_leader and "did not sign" in summary.reason
+    assert summary.phase == Phase.ABORTED and summary.faulty_leader and "did not sign" in summary.reason
     assert MODELS[0].node_id.hex()[:16] in summary.reason
     assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
     assert all(chain.model(m).reputation == 1.0 for m in MODELS)  # nobody is touched by an aborted epoch
@@ -369,7 +369,7 @@ def test_a_forged_reply_marks_the_leader_faulty_and_aborts(chain):
     assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
     sec = chain.section
     summary = sec.history[-1]
-    assert summary.epoch == epoch and summary.phase == rules.ABORTED and summary.faulty_leader
+    assert summary.epoch == epoch and summary.phase == Phase.ABORTED and summary.faulty_leader
     assert "did not sign" in summary.reason
     assert MODELS[0].node_id.hex()[:16] in summary.reason and MODELS[1].node_id.hex()[:16] in summary.reason
     assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
@@ -387,7 +387,7 @@ def test_one_byzantine_member_cannot_frame_the_leader(chain):
     assert attest(chain, MEMBERS[:1], epoch, lying) == [0]
     assert attest(chain, MEMBERS[1:3], epoch, honest) == [0, 0]
     summary = chain.section.history[-1]
-    assert summary.phase == rules.DONE and not summary.faulty_leader
+    assert summary.phase == Phase.DONE and not summary.faulty_leader
 
 
 def forwarded_reply(probed: Identity, server: Identity, prompt: str) -> pb.ProbeReply:
@@ -422,7 +422,7 @@ def test_a_forwarded_challenge_is_scored_for_its_server_and_f_members_cannot_fra
     assert attest(chain, MEMBERS[:1], epoch, framing) == [0]
     assert attest(chain, MEMBERS[1:3], epoch, honest) == [0, 0]
     summary = chain.section.history[-1]
-    assert summary.phase == rules.DONE and not summary.faulty_leader
+    assert summary.phase == Phase.DONE and not summary.faulty_leader
     assert {s.node_id: s.score_micros for s in summary.result} == {MODELS[1].node_id: 900_000,
                                                                     MODELS[2].node_id: 900_000}
     assert chain.model(MODELS[0]).reputation == 1.0 and chain.model(MODELS[0]).trusted
@@ -441,7 +441,7 @@ def test_attack_a_cheater_that_serves_forwarded_challenges_is_scored_on_them(cha
     honest = private_verdicts(chain, served={MODELS[1].node_id: 20_000})
     assert attest(chain, MEMBERS[:3], epoch, honest) == [0, 0, 0]
     summary = chain.section.history[-1]
-    assert summary.phase == rules.DONE and not summary.faulty_leader
+    assert summary.phase == Phase.DONE and not summary.faulty_leader
     assert {s.node_id: s.score_micros for s in summary.result} == {
         MODELS[0].node_id: 900_000, MODELS[1].node_id: 20_000, MODELS[2].node_id: 900_000}
     assert chain.model(MODELS[1]).reputation < chain.model(MODELS[0]).reputation
@@ -488,7 +488,7 @@ def test_a_reply_signed_outside_the_model_group_marks_the_leader_faulty(chain, s
     def forward_first(prompts):
         if signer == "other model":  # (registered after the election: not in this epoch's probe set)
             assert chain.block([txs.register_model(outsider, "127.0.0.1:9100", "another-model", 5,
-                                                   make_self_signed(outsider).cert_pem, 1, chain_id=CHAIN)]) == [0]
+                                                   1, chain_id=CHAIN)]) == [0]
         items = [signed_reply(m, prompts[m.node_id][1], [1, 2, 3]) for m in MODELS]
         items[0] = forwarded_reply(MODELS[0], outsider, prompts[MODELS[0].node_id][1])
         return items
@@ -499,7 +499,7 @@ def test_a_reply_signed_outside_the_model_group_marks_the_leader_faulty(chain, s
         private_reply_problem(public, chain.private[MODELS[0].node_id], chain.lookup)
     assert attest(chain, MEMBERS[:3], epoch, private_verdicts(chain)) == [0, 0, 0]
     summary = chain.section.history[-1]
-    assert summary.phase == rules.ABORTED and summary.faulty_leader
+    assert summary.phase == Phase.ABORTED and summary.faulty_leader
 
 
 def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):
@@ -509,7 +509,7 @@ def test_a_reply_to_another_prompt_is_caught_by_the_attestors(chain):
     mismatch = {ids[0]: (0, epoch_txs.VERDICT_PROMPT_MISMATCH), ids[1]: (900_000, 0), ids[2]: (900_000, 0)}
     attest(chain, MEMBERS[:3], epoch, mismatch)
     summary = chain.section.history[-1]
-    assert summary.phase == rules.ABORTED and summary.faulty_leader and "committed" in summary.reason
+    assert summary.phase == Phase.ABORTED and summary.faulty_leader and "committed" in summary.reason
 
 
 def _first_missing(prompts):
@@ -535,13 +535,13 @@ def test_attack_a_node_that_answers_everyone_but_the_leader_cannot_void_the_epoc
     report = epoch_txs.probe_report(leader, epoch, stalling, False, chain.next_seq(leader), chain_id=CHAIN)
     assert chain.app.check_tx(report).code == txs.CODE_UNAUTHORIZED  # the leader cannot probe too
     attest(chain, MEMBERS[:3], epoch, {cheater: (0, 0), MODELS[2].node_id: (900_000, 0)})
-    assert chain.section.current.phase == rules.RESOLVING
+    assert chain.section.current.phase == Phase.RESOLVING
     for i, m in enumerate(others):
         chain.block([epoch_txs.probe_report(m, epoch, stalling, True, chain.next_seq(m), chain_id=CHAIN)])
         if i < 2:
             assert chain.section.current.epoch == epoch
     summary = chain.section.history[-1]
-    assert summary.epoch == epoch and summary.phase == rules.DONE and not summary.faulty_leader
+    assert summary.epoch == epoch and summary.phase == Phase.DONE and not summary.faulty_leader
     assert "disputed" in summary.reason and stalling.hex()[:16] in summary.reason
     assert {s.node_id: s.score_micros for s in summary.result} == {cheater: 0, MODELS[2].node_id: 900_000}
     assert chain.model(MODELS[0]).reputation == 1.0  # unscored, not punished
@@ -560,10 +560,10 @@ def test_a_dispute_settled_while_attesting_stays_named_when_the_epoch_aborts(cha
     disputed = MODELS[0].node_id
     for m in (m for m in MEMBERS if m != leader):
         chain.block([epoch_txs.probe_report(m, epoch, disputed, True, chain.next_seq(m), chain_id=CHAIN)])
-    assert chain.section.current.phase == rules.ATTESTING and "disputed" in chain.section.current.reason
-    chain.block([], dt_ms=EPOCH_RUN.attest_timeout_ms)
+    assert chain.section.current.phase == Phase.ATTESTING and "disputed" in chain.section.current.reason
+    chain.block([], dt_ms=EPOCHS.attest_timeout_ms)
     summary = chain.section.history[-1]
-    assert summary.epoch == epoch and summary.phase == rules.ABORTED and not summary.faulty_leader
+    assert summary.epoch == epoch and summary.phase == Phase.ABORTED and not summary.faulty_leader
     assert summary.reason.startswith("no attestation quorum in time"), summary.reason
     assert f"disputed: the leader reported {disputed.hex()[:16]} missing" in summary.reason, summary.reason
     assert {m.public_key: m.disputes for m in chain.section.members}[leader.public_key] == 1
@@ -577,9 +577,9 @@ def test_a_node_that_fails_other_members_probes_is_punished(chain):
     for m in others[:2]:
         chain.block([epoch_txs.probe_report(m, epoch, MODELS[0].node_id, False, chain.next_seq(m), chain_id=CHAIN)])
         if m is others[0]:  # one other member's failure is not enough (the leader's report does not count)
-            assert chain.section.current.epoch == epoch and chain.section.current.phase == rules.RESOLVING
+            assert chain.section.current.epoch == epoch and chain.section.current.phase == Phase.RESOLVING
     summary = chain.section.history[-1]  # 2 of the 3 others failed: 2 * 3 > 3 -> punished, epoch done
-    assert summary.epoch == epoch and summary.phase == rules.DONE and not summary.faulty_leader
+    assert summary.epoch == epoch and summary.phase == Phase.DONE and not summary.faulty_leader
     assert {s.node_id: s.score_micros for s in summary.result}[MODELS[0].node_id] == 0
     assert chain.model(MODELS[0]).reputation == pytest.approx(REPUTATION.alpha * 1.0)
 
@@ -587,12 +587,12 @@ def test_a_node_that_fails_other_members_probes_is_punished(chain):
 def test_deadlines_abort_a_silent_leader_and_elect_again(chain):
     register_keys(chain)
     leader = elect(chain)
-    chain.block([], dt_ms=EPOCH_RUN.plan_timeout_ms)
+    chain.block([], dt_ms=EPOCHS.plan_timeout_ms)
     sec = chain.section
-    assert sec.history[-1].phase == rules.ABORTED and sec.history[-1].faulty_leader
-    assert sec.current.epoch == 2 and sec.current.phase == rules.ELECTING
-    chain.block([], dt_ms=EPOCH_RUN.election_timeout_ms)  # nobody sends proofs: fallback ranking
-    assert chain.section.current.phase == rules.PLANNING and chain.section.current.leader
+    assert sec.history[-1].phase == Phase.ABORTED and sec.history[-1].faulty_leader
+    assert sec.current.epoch == 2 and sec.current.phase == Phase.ELECTING
+    chain.block([], dt_ms=EPOCHS.election_timeout_ms)  # nobody sends proofs: fallback ranking
+    assert chain.section.current.phase == Phase.PLANNING and chain.section.current.leader
     assert {m.public_key: m.faults for m in sec.members}[leader.public_key] == 1
 
 

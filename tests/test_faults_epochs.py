@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gentorrent.config import REPUTATION
+from gentorrent.ledger.epoch_txs import Phase
 from testkit import scenarios
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
@@ -32,5 +33,5 @@ async def test_the_committee_judges_every_probed_epoch_right(tmp_path, mode):
         assert all(t["faulty_leader"] and not t["scores"] for t in trace), trace  # aborted: nobody scored
     else:
         assert not final["target_trusted"] and final["target"] < REPUTATION.untrusted_below, out
-        probed = [t for t in trace if t["phase"] == "done"]
+        probed = [t for t in trace if t["phase"] == Phase.DONE]
         assert all(min(t["scores"].values()) < REPUTATION.abnormal_threshold for t in probed), trace

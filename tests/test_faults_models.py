@@ -65,7 +65,7 @@ class _Models:
 
 def _record(name: str, reputation: float) -> ModelRecord:
     return ModelRecord(node_id=name.encode() * 32, public_key=b"k" * 32, address=f"127.0.0.1:{len(name)}",
-                       model="m", onion_key=b"o" * 32, tls_cert_pem=b"", reputation=reputation)
+                       model="m", onion_key=b"o" * 32, reputation=reputation)
 
 
 def _asker(records, now):
@@ -109,7 +109,7 @@ def test_a_forwarded_reply_is_accepted_only_from_a_trusted_member_of_the_same_mo
 
     def record(i: int, model: str = "m", trusted: bool = True) -> ModelRecord:
         return ModelRecord(bytes([i]) * 32, bytes([i]) * 32, f"127.0.0.1:{9000 + i}", model, b"\0" * 32,
-                           b"cert", trusted=trusted)
+                           trusted=trusted)
 
     asked, peer, untrusted, other = record(1), record(2), record(3, trusted=False), record(4, model="x")
     me = SimpleNamespace(directory=SimpleNamespace(models=lambda: [asked, peer, untrusted, other]))

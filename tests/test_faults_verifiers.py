@@ -43,12 +43,15 @@ async def test_a_quorum_that_needs_relayed_votes_keeps_committing(tmp_path):
     assert relayed["v1"]["states_sent"] > 0 and relayed["v0"]["relayed"] + relayed["v3"]["relayed"] > 0, out
 
 
-async def test_byzantine_member_forged_votes_ignored_equivocation_only_blames_it(tmp_path):
+async def test_byzantine_member_forged_votes_ignored_equivocation_blames_it_and_removes_it(tmp_path):
     out = await scenarios.verifier_byzantine(tmp_path, seed=5, quick=True)
     _safe(out)
     assert out["extra"]["evidence_against_honest"] == 0, out
     assert set(out["extra"]["evidence_against"]) <= {3}, out
     assert out["extra"]["evidence_against"].get(3, 0) >= 1, out  # the equivocation was caught
+    # and it cost the equivocator its seat: removed by the application, named on the status page
+    assert out["extra"]["committee_size"] == 3, out
+    assert [(r["name"], r["reason"].split(":")[0]) for r in out["extra"]["removed"]] == [("v3", "double-signed")], out
 
 
 async def test_kill9_at_exact_crash_points_loses_nothing_and_never_double_signs(tmp_path):

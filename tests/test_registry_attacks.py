@@ -24,12 +24,13 @@ import pytest
 from gentorrent.config import CloveParams, OverlayParams
 from gentorrent.ledger import txs
 from gentorrent.ledger.genesis import Genesis
-from gentorrent.ledger.light_client import (Committee, CommitteeReader, DirectoryRejected, LightClient,
-                                            committee_reader, fetch_directory, fetch_from_committee, verify_directory)
+from gentorrent.ledger import queries
+from gentorrent.ledger.light_client import (Committee, DirectoryRejected, LightClient,
+                                            committee_reader, verify_reply)
 from testkit import faketime
 from testkit.echo_model import ECHO_PREFIX, EchoModelNode
 from testkit.scenarios.adversary_registry import (LEASE_S, RegistryCommittee, hijack_txs, init_committee,
-                                                  node_directory, query_directory_reply, replaying_verifier,
+                                                  node_directory, query_reply, replaying_verifier,
                                                   serve_as, start_verifier, stop_all, user_nodes)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
@@ -75,11 +76,11 @@ async def test_a_second_registration_of_a_taken_address_is_refused(committee, tm
             assert model.keys.identity.node_id_hex[:16] in log
         assert (await me.directory.submit(foreign))[0] == txs.CODE_WRONG_CHAIN
 
-        await asyncio.sleep(1.0)  # a few blocks: an accepted hijack would be in the directory now
-        for node in users:
-            await node.refresh_directory()
-        holders = [r for r in me.directory.users() + me.directory.models() if r.address == model.address]
-        assert [r.node_id for r in holders] == [model.keys.identity.node_id]
+        await asyncio.sleep(1.0)  # a few blocks: an accepted hijack would be in the registry now
+        attacker = [txs.decode_tx(tx, Genesis.load(committee).chain_id).node_id for tx in hijacks]
+        for node_id in attacker:  # looked up with proofs: neither a user nor a model record
+            assert await me.directory.user(node_id, fresh=True) is None
+            assert await me.directory.model(node_id, fresh=True) is None
         after = await me.ask("Say hello again.", model=model.model)
         assert after.served_by == model.keys.identity.node_id_hex
     finally:
@@ -91,40 +92,45 @@ async def test_a_second_registration_of_a_taken_address_is_refused(committee, tm
 # --------------------------------------------------------------------------- rollback and staleness
 
 
-async def test_a_replayed_old_directory_never_rolls_a_client_back(committee, tmp_path):
-    """v0 turns Byzantine: it replays the directory of an earlier height, signed by the
-    committee, from before a user node registered. A client that asks it first (every client
-    used to ask v0 first) must neither go back in height nor lose that node; a client that
-    already holds a newer height refuses the replay outright; a fresh client refuses it once
-    it is older than the age bound."""
+async def test_a_replayed_old_answer_never_rolls_a_client_back(committee, tmp_path):
+    """v0 turns Byzantine: it replays an answer of an earlier height, signed by the committee,
+    from before a user node registered (a proof that it was absent). A client that asks it first
+    (every client used to ask v0 first) must neither go back in height nor lose that node; a
+    client that already holds a newer height refuses the replay outright; a fresh client refuses
+    it once it is older than the age bound."""
+    from gentorrent.crypto.keys import NodeKeys
+
     genesis = Genesis.load(committee)
-    old = await query_directory_reply(genesis, 1)
+    newcomer_id = NodeKeys.load_or_create(tmp_path / "user0").identity.node_id
+    asked = queries.UserLookup(newcomer_id)
+    old = await query_reply(genesis, 1, asked)
     newcomer = (await user_nodes(committee, tmp_path, 1))[0]  # registers after `old` was certified
     fake = await serve_as(committee.parent, genesis.validators[0].address, replaying_verifier(old))
     try:
         reader = committee_reader(genesis, timeout=5.0, rng=random.Random(1))
         heights = []
         for _ in range(12):
-            heights.append((await reader.refresh()).height)
+            answer = await reader.ask(asked, confirm=True)
+            heights.append(answer.height)
+            assert answer.result is not None and answer.result.node_id == newcomer_id
         await reader.close()
         assert heights == sorted(heights) and heights[0] > old.height
-        assert reader.client.current.user(newcomer.keys.identity.node_id) is not None
 
         only_liar = [genesis.validators[0]]
-        committee_ = Committee.from_genesis(genesis)
-
-        async def fetch(v):
-            return await fetch_directory(v.address, v.tls_cert_pem, committee_, 5.0)
-
-        held = CommitteeReader(only_liar, fetch, LightClient(), random.Random(0))
-        held.client.adopt(reader.client.current)
+        held = committee_reader(genesis, timeout=5.0)
+        held.validators = only_liar
+        held.client.accept_answer(asked.path, type("R", (), {"height": heights[-1]})())
         with pytest.raises(DirectoryRejected, match="older than height") as err:
-            await held.refresh()
-        assert "v0: directory rejected" in str(err.value)
-        await asyncio.sleep(2.5)
-        fresh = CommitteeReader(only_liar, fetch, LightClient(max_age_ms=2000), random.Random(0))
+            await held.ask(asked)
+        assert "v0: answer rejected" in str(err.value)
+        # 2.5 s later by this reader's clock (the reader takes its clock: no need to wait)
+        fresh = committee_reader(genesis, timeout=5.0, client=LightClient(max_age_ms=2000),
+                                 now_ms=lambda: int(time.time() * 1000) + 2500)
+        fresh.validators = only_liar
         with pytest.raises(DirectoryRejected, match="certified .* s ago"):
-            await fresh.refresh()
+            await fresh.ask(asked)
+        await held.close()
+        await fresh.close()
     finally:
         await fake.stop(None)
         await newcomer.stop()
@@ -141,19 +147,22 @@ async def test_a_directory_from_a_verifier_whose_clock_is_far_behind_is_refused(
     try:
         genesis = Genesis.load(genesis_path)
         deadline = time.monotonic() + 60
+        catalog = queries.Catalog()
         while True:
             try:
-                reply = await query_directory_reply(genesis, 0)
+                reply = await query_reply(genesis, 0, catalog)
                 if reply.code == 0:
                     break
             except Exception:  # noqa: BLE001 - still starting
                 pass
             assert time.monotonic() < deadline, (tmp_path / "slow.log").read_text()[-2000:]
             await asyncio.sleep(0.5)
-        certified = verify_directory(reply.value, reply.height, reply.proof, Committee.from_genesis(genesis))
+        certified = verify_reply(catalog, reply.value, reply.height, reply.proof, Committee.from_genesis(genesis))
         assert time.time() * 1000 - certified.time_ms > 3500 * 1000  # signed, but an hour ago
+        reader = committee_reader(genesis, timeout=5.0)
         with pytest.raises(DirectoryRejected, match="certified 36\\d\\d s ago"):
-            await fetch_from_committee(genesis, timeout=5.0)
+            await reader.ask(catalog)
+        await reader.close()
     finally:
         stop_all(procs)
 
@@ -167,19 +176,21 @@ async def test_a_node_that_stops_renewing_leaves_the_directory(committee, tmp_pa
     stays, vanishes = await user_nodes(committee, tmp_path, 2)
     try:
         watcher = committee_reader(Genesis.load(committee), timeout=5.0)
-        listed = {u.node_id for u in (await watcher.refresh()).users}
-        assert {stays.keys.identity.node_id, vanishes.keys.identity.node_id} <= listed
+
+        async def listed(node) -> bool:
+            return (await watcher.ask(queries.UserLookup(node.keys.identity.node_id))).result is not None
+
+        assert await listed(stays) and await listed(vanishes)
         await vanishes.stop()
         gone_after = None
         t0 = time.monotonic()
         while time.monotonic() - t0 < 2 * LEASE_S:
-            d = await watcher.refresh()
-            if gone_after is None and d.user(vanishes.keys.identity.node_id) is None:
+            if gone_after is None and not await listed(vanishes):
                 gone_after = time.monotonic() - t0
-            assert d.user(stays.keys.identity.node_id) is not None  # renewed every lease / 5
+            assert await listed(stays)  # renewed every lease / 3
             await asyncio.sleep(0.5)
         assert gone_after is not None and gone_after <= LEASE_S + 3.0, gone_after
-        assert stays.directory.renewals >= 5
+        assert stays.directory.renewals >= 3
     finally:
         await watcher.close()
         await stays.stop()
@@ -218,7 +229,7 @@ async def test_gt_model_tells_its_operator_when_it_comes_back_untrusted(caplog):
 
     ident = Identity.from_seed(bytes([42]) * 32)
     record = ModelRecord(node_id=ident.node_id, public_key=ident.public_key, address="127.0.0.1:9",
-                         model="smollm2-135m", capacity=1, tls_cert_pem=b"", onion_key=b"")
+                         model="smollm2-135m", capacity=1, onion_key=b"")
 
     class Directory:  # what the committee's directory reports once the registration is listed
         height = 7

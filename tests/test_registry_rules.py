@@ -11,8 +11,7 @@ from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.crypto.tls import make_self_signed
 from gentorrent.ledger import txs
 from gentorrent.ledger.genesis import Genesis, GenesisError, GenesisValidator, lease_ms_of
-from gentorrent.ledger.sections import (DirectoryFormatError, UserRecord, decode_directory, encode_directory,
-                                        encode_users, section_hash)
+from testkit.registry_view import registry
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import BlockContext, ValidatorInfo
 
@@ -25,7 +24,6 @@ VALIDATOR = Identity.from_seed(bytes([1]) * 32)
 class Node:
     def __init__(self, seed: int) -> None:
         self.identity = Identity.from_seed(bytes([seed]) * 32)
-        self.cert = make_self_signed(self.identity).cert_pem
         self.onion = OnionKey.generate().public_key
         self.seq = 0
 
@@ -34,10 +32,10 @@ class Node:
         return self.seq
 
     def user(self, address: str, chain: str = CHAIN, kind: str = "register_user") -> bytes:
-        return getattr(txs, kind)(self.identity, address, self.onion, self.cert, "eu", self.next(), chain_id=chain)
+        return getattr(txs, kind)(self.identity, address, self.onion, "eu", self.next(), chain_id=chain)
 
     def model(self, address: str, kind: str = "register_model") -> bytes:
-        return getattr(txs, kind)(self.identity, address, "smollm2-135m", 5, self.cert, self.next(), self.onion,
+        return getattr(txs, kind)(self.identity, address, "smollm2-135m", 5, self.next(), self.onion,
                                   chain_id=CHAIN)
 
     def renew(self) -> bytes:
@@ -47,9 +45,9 @@ class Node:
 class Chain:
     """The application driven block by block, one second of block time per height."""
 
-    def __init__(self, path, lease_s: float = LEASE_S, chain_id: str = CHAIN) -> None:
+    def __init__(self, path, lease_s: float = LEASE_S, chain_id: str = CHAIN, **rules) -> None:
         self.app = RegistryApp(path)
-        state = json.dumps({"registry": {"lease_s": lease_s}}).encode()
+        state = json.dumps({"registry": {"lease_s": lease_s, **rules}}).encode()
         self.app.init_chain(chain_id, [ValidatorInfo(VALIDATOR.public_key, 1)], state, T0)
         self.height = 0
 
@@ -65,7 +63,7 @@ class Chain:
             self.block()
 
     def directory(self):
-        return decode_directory(self.app.query("/directory").value)
+        return registry(self.app)
 
     def holder_of(self, address: str) -> bytes | None:
         d = self.directory()
@@ -127,7 +125,7 @@ def test_every_tx_is_bound_to_its_chain(chain, tmp_path):
     other.app.close()
     assert chain.block(node.user("10.0.0.1:7000")) == [0]
     with pytest.raises(txs.TxError):
-        txs.register_user(node.identity, "10.0.0.1:7000", node.onion, node.cert, "eu", 99, chain_id="")
+        txs.register_user(node.identity, "10.0.0.1:7000", node.onion, "eu", 99, chain_id="")
 
 
 # --------------------------------------------------------------------------- leases
@@ -137,7 +135,8 @@ def test_a_registration_lapses_one_lease_after_its_last_renewal(chain):
     stays, lapses, model = Node(40), Node(41), Node(42)
     assert chain.block(stays.user("10.0.0.1:1"), lapses.user("10.0.0.2:1"), model.model("10.0.0.3:1")) == [0, 0, 0]
     registered_at = T0 + 1000 * chain.height
-    assert chain.directory().user(stays.identity.node_id).expires_ms == registered_at + LEASE_S * 1000
+    lease = json.loads(chain.app.query(f"/account/{stays.identity.public_key.hex()}").value)["lease_expires_ms"]
+    assert lease == registered_at + LEASE_S * 1000
     for _ in range(3):
         chain.idle(LEASE_S // 2)
         assert chain.block(stays.renew(), model.renew()) == [0, 0]
@@ -162,7 +161,7 @@ def test_a_lease_ends_exactly_at_its_expiry(chain):
 
 
 def test_the_lease_comes_from_the_genesis_within_bounds():
-    assert lease_ms_of({}) == 300_000 and lease_ms_of({"registry": {"lease_s": 30}}) == 30_000
+    assert lease_ms_of({}) == 7_200_000 and lease_ms_of({"registry": {"lease_s": 30}}) == 30_000
     for bad in ({"registry": {"lease_s": 0}}, {"registry": {"lease_s": "60"}}, {"registry": {"lease": 60}},
                 {"registry": {"lease_s": 10**9}}, {"registry": []}):
         with pytest.raises(GenesisError):
@@ -184,16 +183,78 @@ def test_an_unroutable_address_is_never_registered(chain, address):
         node.user(address)
     with pytest.raises(txs.TxError, match="--advertise"):
         txs.check_listen(address, None)
-    txs.check_listen(address, "node.example.org:50071")  # listening there is fine with --advertise
+    txs.check_listen(address, "203.0.113.7:50071")  # listening there is fine with --advertise
 
 
-def test_a_directory_listing_one_address_twice_is_refused():
-    """Defence in depth on the client: a directory value is refused if two records share an
-    address, whoever certified it."""
-    a, b = Node(70), Node(71)
-    records = sorted((UserRecord(n.identity.node_id, n.identity.public_key, "10.0.0.1:1", n.onion, n.cert)
-                      for n in (a, b)), key=lambda r: r.node_id)
-    users = encode_users(records)
-    value = encode_directory(1, users, b"", section_hash(b""), section_hash(b""))
-    with pytest.raises(DirectoryFormatError, match="listed for two nodes"):
-        decode_directory(value)
+# --------------------------------------------------------------------------- Sybils cost something
+
+
+def _sybil(i: int, address: str, pow_nonce: int = 0, seq: int = 1) -> bytes:
+    ident = Identity.from_seed((7_000_000 + i).to_bytes(8, "big") * 4)
+    return txs.register_user(ident, address, OnionKey.generate().public_key, "eu", seq, chain_id=CHAIN,
+                             pow_nonce=pow_nonce)
+
+
+def test_a_registration_without_its_proof_of_work_is_refused_and_costs_one_attempt(tmp_path):
+    """The genesis sets the work (bits of Argon2id hashcash over the chain id and the key): a
+    registration with a wrong nonce is refused (a flood of them costs the committee one small
+    attempt each), the right nonce for another key or another chain does not count, and an
+    update or renewal of a registered node needs none."""
+    from gentorrent.ledger import pow as pow_rule
+
+    chain = Chain(tmp_path / "pow.db", pow_bits=6, pow_memory_kib=64)
+    params = pow_rule.PowParams(6, 64)
+    honest = Node(80)
+    nonce = pow_rule.solve(params, CHAIN, honest.identity.public_key)
+    assert pow_rule.verify(params, CHAIN, honest.identity.public_key, nonce)
+    assert not pow_rule.verify(params, "another-net", honest.identity.public_key, nonce) or nonce == 0
+    flood = [_sybil(i, f"10.1.{i // 200}.{i % 200 + 1}:7000", pow_nonce=nonce) for i in range(40)]
+    lucky = [pow_rule.verify(params, CHAIN, txs.decode_tx(t, CHAIN).signer, nonce) for t in flood]
+    assert chain.block(*flood) == [0 if ok else txs.CODE_BAD_POW for ok in lucky]  # another key's nonce
+    assert sum(lucky) <= 4  # 1 in 2^6 by chance
+    bare = txs.register_user(honest.identity, "10.0.0.1:1", honest.onion, "eu", honest.next(), chain_id=CHAIN)
+    assert chain.block(bare) == [txs.CODE_BAD_POW] or pow_rule.verify(params, CHAIN, honest.identity.public_key, 0)
+    good = txs.register_user(honest.identity, "10.0.0.1:1", honest.onion, "eu", honest.next(), chain_id=CHAIN,
+                             pow_nonce=nonce)
+    assert chain.block(good) == [0]
+    assert chain.block(honest.user("10.0.0.2:1", kind="update_user"), honest.renew()) == [0, 0]
+    chain.app.close()
+
+
+def test_relays_per_network_are_capped_on_distinct_loopback_networks(tmp_path):
+    """127.0.0.0/8 is all local on Linux: distinct /24s without namespaces. The genesis caps relays
+    per /24 (and /48): the third relay of 127.0.5.0/24 is refused, one in 127.0.6.0/24 is not, a
+    relay that leaves frees its place, and moving within its /24 is no new relay."""
+    chain = Chain(tmp_path / "caps.db", relays_per_24=2, relays_per_48=1)
+    codes = chain.block(_sybil(1, "127.0.5.1:7000"), _sybil(2, "127.0.5.2:7000"), _sybil(3, "127.0.5.3:7000"),
+                        _sybil(4, "127.0.6.1:7000"), _sybil(5, "[2001:db8:1::1]:7000"),
+                        _sybil(6, "[2001:db8:1:2::1]:7000"), _sybil(7, "[2001:db8:2::1]:7000"))
+    assert codes == [0, 0, txs.CODE_PREFIX_FULL, 0, 0, txs.CODE_PREFIX_FULL, 0]
+    first = Identity.from_seed((7_000_000 + 1).to_bytes(8, "big") * 4)
+    assert chain.block(txs.update_user(first, "127.0.5.9:7000", OnionKey.generate().public_key, "eu", 2,
+                                       chain_id=CHAIN)) == [0]  # same /24: still two
+    assert chain.block(txs.deregister_user(first, 3, chain_id=CHAIN)) == [0]
+    assert chain.block(_sybil(3, "127.0.5.3:7000", seq=2)) == [0]  # its place is free again
+    chain.app.close()
+    reopened = RegistryApp(tmp_path / "caps.db")  # the index is rebuilt from the records
+    assert reopened.check_tx(_sybil(8, "127.0.5.8:7000")).code == txs.CODE_PREFIX_FULL
+    reopened.close()
+
+
+def test_a_block_carries_at_most_the_genesis_registrations_and_the_cache_never_changes_a_result(tmp_path):
+    """What a Byzantine proposer can do with transactions no member's CheckTx saw: make every
+    member verify them in full. The genesis bounds the expensive ones per block; the rest wait
+    for the next block. The verified cache only saves work: the same block gives the same results
+    and app hash on a node that checked its transactions before and on one that never saw them."""
+    regs = [_sybil(i, f"10.2.0.{i + 1}:7000") for i in range(5)]
+    warm, cold = (Chain(tmp_path / f"{n}.db", registrations_per_block=3) for n in ("warm", "cold"))
+    assert all(warm.app.check_tx(t).code == 0 for t in regs)
+    results = []
+    for c in (warm, cold):
+        res = c.app.finalize_block(regs, BlockContext(1, T0 + 1000, VALIDATOR.public_key, bytes(32)))
+        c.app.commit()
+        results.append(([r.code for r in res.tx_results], res.app_hash))
+    assert results[0] == results[1] and results[0][0] == [0, 0, 0, txs.CODE_BLOCK_FULL, txs.CODE_BLOCK_FULL]
+    assert warm.app._verified.hits >= 3 and cold.app._verified.hits == 0
+    for c in (warm, cold):
+        c.app.close()

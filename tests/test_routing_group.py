@@ -53,11 +53,11 @@ def group(tmp_path_factory):
         for node in nodes:
             keys = NodeKeys.load_or_create(node.home)
             registry.add_model(ModelRecord(bytes.fromhex(node.node_id), node.public_key, node.address, MODEL,
-                                           keys.onion.public_key, node.cert_pem, capacity=5))
+                                           keys.onion.public_key, capacity=5))
         yield nodes
     finally:
-        for node in nodes:
-            node.stop()
+        with ThreadPoolExecutor(len(nodes)) as pool:  # each waits out its own clean shutdown
+            list(pool.map(lambda node: node.stop(), nodes))
 
 
 async def status(node: ModelNodeProcess) -> dict:
@@ -96,14 +96,28 @@ async def wait_for_members(nodes, timeout: float = 120.0) -> None:
         await asyncio.sleep(GOSSIP_INTERVAL_S)
 
 
+async def tree_nodes(node) -> dict[str, int]:
+    return {n.node_id: (await status(n))["routing"]["tree"]["tree_nodes"] for n in node}
+
+
+async def wait_for_subtree(other, before: int, timeout: float = 60.0) -> None:
+    """Until `other`'s HR-tree holds more nodes than `before`: the subtree the other member
+    grew serving a new prompt has reached it by gossip (it served nothing itself)."""
+    deadline = time.monotonic() + timeout
+    while (now := (await status(other))["routing"]["tree"]["tree_nodes"]) <= before:
+        assert time.monotonic() < deadline, f"no gossip delta grew {other.node_id[:16]}'s tree ({now} nodes)"
+        await asyncio.sleep(GOSSIP_INTERVAL_S / 4)
+
+
 async def test_repeated_long_prefix_is_forwarded_to_the_node_that_served_it(group):
     await wait_for_members(group)
+    trees = await tree_nodes(group)
     first = await generate(group[0], SYSTEM + "\nCustomer: where is order 1182?\nAssistant:")
     server_id = first[-1].served_by
     server = next(n for n in group if n.node_id == server_id)
     other = next(n for n in group if n is not server)
     before = (await status(server))["load"]
-    await asyncio.sleep(3 * GOSSIP_INTERVAL_S)  # the server's new subtree reaches the other node
+    await wait_for_subtree(other, trees[other.node_id])  # the server's new subtree reaches the other node
 
     request_text = SYSTEM + "\nCustomer: can I get a refund for order 2291?\nAssistant:"
     chunks = await generate(other, request_text)
@@ -124,10 +138,11 @@ async def test_repeated_long_prefix_is_forwarded_to_the_node_that_served_it(grou
 async def test_a_forwarded_request_is_never_forwarded_again(group):
     await wait_for_members(group)
     text = SYSTEM + "\nCustomer: is the drill in stock?\nAssistant:"
+    trees = await tree_nodes(group)
     first = await generate(group[0], text)
     holder = first[-1].served_by
     other = next(n for n in group if n.node_id != holder)
-    await asyncio.sleep(3 * GOSSIP_INTERVAL_S)
+    await wait_for_subtree(other, trees[other.node_id])
     chunks = await generate(other, text, forward_hops=1)  # the tree points at `holder`
     assert chunks[-1].served_by == other.node_id
     assert (await status(other))["routing"]["decisions"].get("already_forwarded:local", 0) >= 1

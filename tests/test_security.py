@@ -1,6 +1,6 @@
 """Security checks end to end on 127.0.0.1 (real user nodes relaying over pinned TLS, the echo
 model node as a real process): an unregistered node can neither open a path through a relay
-nor be made a hop of one; a server presenting a certificate other than the registered one
+nor be made a hop of one; a server presenting a certificate its registered key did not sign
 is refused before any byte of RPC reaches it; no private key material appears in the logs
 of the processes we start. (Relays not reading plaintext and challenges looking like asks
 are in tests/test_overlay_network.py.)"""
@@ -46,8 +46,8 @@ async def overlay(tmp_path):
 async def test_unregistered_node_cannot_open_a_path_nor_be_a_hop(overlay):
     nodes, outsider, _ = overlay
     relay, other = nodes[1], nodes[2]
-    # 1. the outsider asks a registered relay to carry its path: mutual TLS refuses its
-    #    certificate in the handshake, before a single frame
+    # 1. the outsider asks a registered relay to carry its path: its leaf is signed by a key
+    #    the registry does not hold, so the relay's Link handler refuses it before a single frame
     outsider.relay.hub.peers = lambda node_id: relay.index.get(node_id)  # it knows whom to dial
     hops = [onion.HopSpec(relay.keys.identity.node_id, relay.keys.onion.public_key)]
     blob, _ = onion.build_onion(hops, issued_s=int(time.time()))
@@ -62,7 +62,7 @@ async def test_unregistered_node_cannot_open_a_path_nor_be_a_hop(overlay):
     reply = await me.relay.hub.link_to(relay.node_id_hex).establish(blob, 5)
     assert (reply.ok, reply.reason) == (False, "unknown_peer")
     assert outsider.relay.status()["table"] == other.relay.status()["table"]  # it saw nothing either
-    assert relay.relay.drops.as_dict() == {"unknown_peer": 1}
+    assert relay.relay.drops.as_dict() == {"unauthenticated": 1, "unknown_peer": 1}
     assert relay.relay.hub.accepted == 1  # the registered user's link only
 
 
@@ -77,7 +77,7 @@ async def test_a_server_with_another_certificate_than_the_registered_one_is_refu
     await impostor.start(build_paths=False)
     try:
         assert impostor.address == address and impostor.tls.cert_pem != registered_cert
-        # dialled by node id, as every peer does: only the victim's registered certificate is accepted
+        # dialled by node id, as every peer does: only a certificate the victim's key signed is accepted
         blob, _ = onion.build_onion([onion.HopSpec(victim.keys.identity.node_id, victim.keys.onion.public_key)],
                                     issued_s=int(time.time()))
         link = me.relay.hub.link_to(victim.node_id_hex)

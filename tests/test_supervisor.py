@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from devnet import supervisor
 from devnet.supervisor import Supervisor, stop_recorded, wait_until
 
 
+@pytest.mark.network  # processes in the background
 def test_stop_recorded_stops_own_processes_and_spares_others(tmp_path):
     sup = Supervisor(tmp_path)
     sup.spawn("sleeper", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
@@ -25,6 +28,7 @@ def test_stop_recorded_stops_own_processes_and_spares_others(tmp_path):
         bystander.wait()
 
 
+@pytest.mark.network
 def test_killed_node_is_reported_dead(tmp_path):
     sup = Supervisor(tmp_path)
     sup.spawn("victim", [sys.executable, "-c", "import time; time.sleep(60)"])

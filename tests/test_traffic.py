@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from gentorrent.config import MODEL_NODE, TRAFFIC
+from gentorrent.config import MODEL_NODE, TRAFFIC, USER_API
 from gentorrent.traffic import corpus as cp
 from gentorrent.traffic.model import SHAPES, ChatRequest, TrafficError, TrafficPool, draw
 from gentorrent.traffic.transform import SWAPS, disguise, rewrite_text
@@ -80,7 +80,7 @@ def test_client_profiles_set_sampling_as_those_clients_do():
         by_client.setdefault(d.client, []).append(d.request)
     assert all(r.temperature == 0.0 and not r.stream for r in by_client["deterministic"])
     assert all(r.stream and 0.7 <= r.temperature <= 1.0 for r in by_client["chat_ui"])
-    assert all((r.temperature, r.top_p, r.max_tokens) == (1.0, 1.0, 256) for r in by_client["openai_sdk"])
+    assert all((r.temperature, r.top_p, r.max_tokens) == (1.0, 1.0, USER_API.max_tokens) for r in by_client["openai_sdk"])
     assert 0.15 < sum(r.stream for r in by_client["openai_sdk"]) / len(by_client["openai_sdk"]) < 0.45
     assert len({r.temperature for r in by_client["tuned"]}) >= 5
 

@@ -100,12 +100,18 @@ class _NodeFailed(Exception):
         self.reason = reason
 
 
+class _FirstHopsFailed(_NodeFailed):
+    """Too few of an ask's cloves were taken by our first hops (an entry guard that went away
+    takes every path with it): the paths are failed, and the ask goes again over new ones."""
+
+
 @dataclass
 class Delta:
     """New text of a streamed answer."""
 
     text: str
     token_ids: list[int]
+    top_logprobs: list = field(default_factory=list)  # pb.TokenAlternatives per token, when asked
 
 
 @dataclass
@@ -120,6 +126,9 @@ class Answer:
     paths: list[list[str]]  # relays of each path the query went over
     attempts: list[dict]
     timings_ms: dict[str, float] = field(default_factory=dict)
+    top_logprobs: list = field(default_factory=list)  # pb.TokenAlternatives per token, when asked
+    tool_calls: list = field(default_factory=list)  # pb.ToolCall found by the serving node's tool parser
+    max_model_len: int = 0  # a TOKENIZE reply's context length
 
     @property
     def prompt_tokens(self) -> int:
@@ -343,6 +352,17 @@ class Asker:
         nodes.sort(key=lambda m: self._failed_recently(m.node_id_hex))  # even a session's node
         return nodes[: self.params.max_model_attempts]
 
+    async def _hold(self, model: str, node_id: str | None) -> None:
+        """Make the directory hold what this ask chooses from: the roster of `model` (followed
+        from now on), or the one node a verifier probes (looked up by id)."""
+        try:
+            if node_id is not None:
+                await self.directory.model(bytes.fromhex(node_id))
+            else:
+                await self.directory.follow(model)
+        except Exception as exc:  # noqa: BLE001 - the committee out of reach: choose from what is held
+            log.info("could not fetch the nodes of %s: %s", node_id or model, exc)
+
     def _failed_recently(self, node_id: str) -> bool:
         at = self._failed_at.get(node_id)
         return at is not None and self.clock() - at < self.params.failed_model_last_s
@@ -368,6 +388,7 @@ class Asker:
         """
         self.asked += 1
         session = affinity or request.session_id or None
+        await self._hold(request.model, node_id)
         nodes = self.candidates(request.model, session, node_id)
         if not nodes:  # the directory is refreshed every few seconds; a new node may be missing
             await self.directory.refresh()
@@ -376,7 +397,9 @@ class Asker:
             raise AskError(f"no trusted model node serves {request.model!r}", code="no_trusted_node")
         attempts: list[dict] = []
         refusals: list[_Refused] = []
-        for node in nodes:
+        queue, again = list(nodes), set()
+        while queue:
+            node = queue.pop(0)
             started = False
             try:
                 async for item in self._attempt(node, request, attempts):
@@ -400,6 +423,12 @@ class Asker:
             except NoPaths as short:  # this node's own state: no model node is to blame, none other is tried
                 attempts[-1].update(ok=False, reason=NO_PATHS, detail=str(short))
                 raise AskError(str(short), attempts, code=NO_PATHS) from None
+            except _FirstHopsFailed as failed:  # ours, not the node's: once more over new paths
+                self.drops.count(failed.reason)
+                attempts[-1].update(ok=False, reason=failed.reason.value, detail=str(failed))
+                if node.node_id_hex not in again:
+                    again.add(node.node_id_hex)
+                    queue.insert(0, node)
             except _NodeFailed as failed:
                 self.drops.count(failed.reason)
                 self._note_failure(node.node_id_hex)
@@ -454,7 +483,7 @@ class Asker:
             for p in failed:
                 self.paths.mark_failed(p)
             if accepted < k:
-                raise _NodeFailed(DropReason.NO_ANSWER, f"only {accepted} of {len(paths)} cloves accepted by a first hop")
+                raise _FirstHopsFailed(DropReason.NO_ANSWER, f"only {accepted} of {len(paths)} cloves accepted by a first hop")
             async for item in self._receive(pending, req, node, paths, attempts, timings, t0):
                 yield item
         except _NodeFailed as failed:
@@ -538,7 +567,7 @@ class Asker:
     async def _receive(self, pending: _Pending, req: pb.GenerateRequest, node: ModelRecord,
                        paths: list[ProxyPath], attempts: list[dict], timings: dict, t0: float
                        ) -> AsyncIterator[Delta | Answer]:
-        text, token_ids = [], []
+        text, token_ids, top = [], [], []
         timeout = self.params.first_reply_timeout_s
         while True:
             try:
@@ -560,7 +589,8 @@ class Asker:
             if chunk.text or chunk.token_ids:
                 text.append(chunk.text)
                 token_ids.extend(chunk.token_ids)
-                yield Delta(chunk.text, list(chunk.token_ids))
+                top.extend(chunk.top_logprobs)
+                yield Delta(chunk.text, list(chunk.token_ids), list(chunk.top_logprobs))
             if chunk.final:
                 break
         server = self._server_of(chunk.receipt, node) if chunk.HasField("receipt") else None
@@ -568,7 +598,8 @@ class Asker:
             raise _NodeFailed(DropReason.BAD_SIGNATURE, "reply receipt missing or not signed by the node")
         timings["total_ms"] = (self.clock() - t0) * 1000
         yield Answer("".join(text), token_ids, server.node_id_hex, req.model, chunk.finish_reason,
-                     chunk.receipt, req, [list(p.relays) for p in paths], attempts, timings)
+                     chunk.receipt, req, [list(p.relays) for p in paths], attempts, timings, top,
+                     list(chunk.tool_calls), chunk.max_model_len)
 
     def _server_of(self, receipt: pb.ReplyReceipt, node: ModelRecord) -> ModelRecord | None:
         """Who signed the reply: the node asked, or the group member it forwarded the request to

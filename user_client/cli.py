@@ -17,8 +17,10 @@ applies, as for any OpenAI client); with `--session NAME` the conversation's his
 this node and goes with every turn, so follow-ups are answered in context, by the same model
 node.
 
-Exit status: 0 answered; 1 no model node could answer (try again later); 2 a bad argument or
-file (nothing was changed); 3 no user node is running at --home, or it could not join.
+Exit status (README "Exit statuses", gentorrent.cli): 0 answered (or a node stopped by Ctrl-C);
+1 no answer, also a stalled, garbled or cut stream (try again later); 2 a bad argument or file,
+or a home another process holds (nothing was changed); 3 no user node is running at --home, or
+it could not join.
 """
 
 from __future__ import annotations
@@ -29,20 +31,21 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gentorrent.cli import Parser, Stages, UsageError, check_can_listen, float_in, host_port, int_in, run
+from gentorrent.cli import EXIT_FAILED as EXIT_NO_ANSWER
+from gentorrent.cli import (EXIT_NO_NODE, EXIT_USAGE, Parser, Stages, UsageError, check_can_listen, check_directory_source, float_in,
+                            host_port, int_in, run, stop_on_signals, take_home, until_stopped)
 from gentorrent.config import MODEL_NODE, USER_API, WIRE
+from user_client.api_access import ApiAccess
+from user_client.api_access import check_listen as check_api_listen
 
 DEFAULT_HOME = Path(os.environ.get("GT_USER_HOME", Path.home() / ".gentorrent" / "user"))
 NODE_FILE = "node.json"
-EXIT_NO_ANSWER = 1
-EXIT_USAGE = 2
-EXIT_NO_NODE = 3
+API_KEY_ENV = "GT_USER_API_KEY"  # the API key, when not on the command line (as vLLM's VLLM_API_KEY)
 PROG = "gt-user"
 STAGES = ["starting the local API", "listening and registering", "building proxy paths"]
 
@@ -52,34 +55,21 @@ STAGES = ["starting the local API", "listening and registering", "building proxy
 
 def _check_directory(args) -> None:
     """The directory source is readable and well-formed, before anything starts."""
-    if args.committee:
-        from gentorrent.ledger.genesis import Genesis, GenesisError
-
-        try:
-            Genesis.load(Path(args.committee))
-        except (GenesisError, OSError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"--committee {args.committee}: not a usable genesis file ({exc}); give the "
-                             "committee's genesis.json") from None
-        return
-    if not args.directory:
+    if not args.committee and not args.directory:
         raise UsageError("give --committee GENESIS: the committee's genesis file (genesis.json), from which this "
                          "node registers itself and reads the directory")
-    path = Path(args.directory)
-    if not path.is_file():
-        raise UsageError(f"no directory: {path} does not exist; give --committee GENESIS (or --directory FILE)")
-    from gentorrent.ledger.directory import StaticDirectory
-
-    try:
-        StaticDirectory(path)
-    except Exception as exc:  # DirectoryError, or records that do not decode
-        raise UsageError(f"--directory {path}: not a directory file ({type(exc).__name__}: {exc})") from None
+    check_directory_source(args.committee, args.directory)
 
 
 def _directory(args):
     if args.committee:
         from gentorrent.ledger.committee import CommitteeDirectory
+        from gentorrent.ledger.light_client import TrustFileError
 
-        return CommitteeDirectory.from_args(args.committee, Path(args.home))
+        try:
+            return CommitteeDirectory.from_args(args.committee, Path(args.home))
+        except TrustFileError as exc:  # a damaged trust file: the operator decides (see its message)
+            raise UsageError(str(exc)) from None
     from gentorrent.ledger.directory import StaticDirectory
 
     return StaticDirectory(Path(args.directory))
@@ -93,7 +83,7 @@ def _load_config(home: Path) -> dict:
 
     try:
         tls.check_key_files(home)  # a key file others can read: refused, saying what to run
-        return settings.load_home(home, settings.USER_SECTIONS)
+        return settings.load_home(home, settings.USER)
     except (settings.ConfigError, KeyFormatError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -112,7 +102,18 @@ async def _run_node(args, api_listen: str) -> int:
         check_listen(args.listen, args.advertise)  # a wildcard without --advertise: stop here
     except TxError as exc:
         raise UsageError(str(exc)) from None
-    check_can_listen(api_listen, "--api-listen" if args.command == "start" else "--listen")
+    api_flag = "--api-listen" if args.command == "start" else "--listen"
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_api_listen(api_listen, api_key)  # every interface, and no key: refused
+    except ValueError as exc:
+        raise UsageError(f"{api_flag}: {exc}") from None
+    try:
+        ApiAccess.make(api_listen, api_key, args.cors_origin)
+    except ValueError as exc:
+        raise UsageError(f"--cors-origin: {exc}") from None
+    lock = take_home(home)  # one process per home, before anything in it is written (and before its ports)
+    check_can_listen(api_listen, api_flag)
     check_can_listen(args.listen, "--listen" if args.command == "start" else "--relay-listen")
     stages = Stages(PROG, STAGES)
     audits = conf["audits"] if args.audits else dataclasses.replace(conf["audits"], user_enabled=False)
@@ -122,54 +123,73 @@ async def _run_node(args, api_listen: str) -> int:
         audits = dataclasses.replace(audits, rate=args.audit_rate)
     node = UserNode(home, _directory(args), listen=args.listen, region=args.region,
                     cloves=conf["cloves"], params=conf["overlay"], advertise=args.advertise, audits=audits)
-    api = ApiServer(node, api_listen, conf["user_api"])
-    stages.begin(STAGES[0], detail=api_listen)
-    try:  # the API's port first: a taken port stops here, before the node registers anywhere
-        await api.start()
-    except OSError as exc:
-        raise UsageError(f"cannot listen on --api-listen {api_listen}: {exc.strerror}; choose another "
-                         "address (port 0: any free)") from None
-    stages.begin(STAGES[1], detail=args.listen)
+    api = ApiServer(node, api_listen, conf["user_api"], api_key=api_key, cors_origins=tuple(args.cors_origin))
+    stop = stop_on_signals()  # Ctrl-C at any stage below stops the node cleanly (exit 0)
+    wrote = False
     try:
-        await node.start(build_paths=False)
-    except (RegistrationError, TxError) as exc:
-        await node.stop()
-        await api.stop()
-        raise UsageError(f"cannot join the network: {exc}", EXIT_NO_NODE) from None
-    except Exception as exc:
-        await node.stop()
-        await api.stop()
-        raise UsageError(f"the node could not start: {type(exc).__name__}: {exc}", code=1) from None
-    info = {"pid": os.getpid(), "address": node.address, "api": api.url, "node_id": node.node_id_hex}
-    (home / NODE_FILE).write_text(json.dumps(info))
-    print(json.dumps(info), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await _build_paths(node, stages, api.url)
-        await stop.wait()
+        stages.begin(STAGES[0], detail=api_listen)
+        try:  # the API's port first: a taken port stops here, before the node registers anywhere
+            await api.start()
+        except OSError as exc:
+            raise UsageError(f"cannot listen on --api-listen {api_listen}: {exc.strerror}; choose another "
+                             "address (port 0: any free)") from None
+        stages.begin(STAGES[1], detail=args.listen)
+        try:
+            started, _ = await until_stopped(node.start(build_paths=False), stop)
+        except (RegistrationError, TxError) as exc:
+            raise UsageError(f"cannot join the network: {exc}", EXIT_NO_NODE) from None
+        except Exception as exc:
+            raise UsageError(f"the node could not start: {type(exc).__name__}: {exc}", EXIT_NO_ANSWER) from None
+        if not started:
+            return 0
+        info = {"pid": os.getpid(), "address": node.address, "api": api.url, "node_id": node.node_id_hex}
+        _write_node_file(home, {**info, "api_key": api_key} if api_key else info)
+        wrote = True
+        print(json.dumps(info), flush=True)  # listening and registered: other nodes may use it as a relay
+        built, _ = await until_stopped(_build_paths(node, stages, api.url), stop)
+        if built:
+            await stop.wait()
     finally:
-        (home / NODE_FILE).unlink(missing_ok=True)
+        if wrote:
+            (home / NODE_FILE).unlink(missing_ok=True)
         await api.stop()
         await node.stop()
+        lock.release()
     return 0
 
 
-async def _build_paths(node, stages: Stages, api_url: str) -> None:
-    """First paths, with their count as progress; too few relays yet is not fatal (the
-    maintenance loop keeps trying) and says so."""
+def _write_node_file(home: Path, info: dict) -> None:
+    """node.json, readable by its owner only: it holds the API key when the node has one (so
+    `gt-user ask` on this home needs no flag)."""
+    path = home / NODE_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info))
+    os.chmod(path, 0o600)
+
+
+async def _build_paths(node, stages: Stages, api_url: str, poll_s: float = 1.0) -> None:
+    """The first n proxy paths, with their count as progress. Ready means usable: "ready" is
+    said only once the node holds the n paths an ask needs (/health says the same). Too few
+    relays yet is not fatal: the node keeps building (and relaying for others) meanwhile."""
     need = node.cloves.n
     stages.begin(STAGES[2], detail=f"{need} needed, {node.cloves.proxies_kept} kept")
-    try:
-        await node.paths.fill()
-    except Exception as exc:  # too few relays yet
-        stages.end()
-        print(f"{PROG}: paths not ready yet ({exc}); the node keeps trying and answers asks once it holds "
-              f"{need}", file=sys.stderr, flush=True)
-        return
-    usable = node.paths.status().get("usable", 0)
+    said, last_note = None, 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await node.paths.fill()
+            problem = ""
+        except Exception as exc:  # too few relays yet
+            problem = f" ({exc})"
+        usable = node.paths.status().get("usable", 0)
+        if usable >= need:
+            break
+        if said != (usable, problem) or loop.time() - last_note >= stages.every_s:
+            said, last_note = (usable, problem), loop.time()
+            print(f"{PROG}: [{len(STAGES)}/{len(STAGES)}] {STAGES[2]}: {usable} of {need} usable{problem}; not ready yet, "
+                  "still trying", file=sys.stderr, flush=True)
+        await asyncio.sleep(poll_s)
     stages.finish(f"{usable} proxy paths held; ask with `gt-user ask` or any OpenAI client at {api_url}/v1")
 
 
@@ -184,17 +204,27 @@ def cmd_serve_api(args) -> int:
 # --------------------------------------------------------------------------- talking to a node
 
 
-def _api_url(home: str) -> str:
+def _node_file(home: str) -> dict:
     path = Path(home) / NODE_FILE
     try:
-        return str(json.loads(path.read_text())["api"])
+        info = json.loads(path.read_text())
+        str(info["api"])
+        return info
     except (OSError, ValueError, KeyError, TypeError):
         raise UsageError(f"no running user node at {home} (start one with `gt-user start --home {home}`)",
                          EXIT_NO_NODE) from None
 
 
-def _post(url: str, body: dict, timeout: float):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def _api(home: str) -> tuple[str, dict]:
+    """The running node's API URL and the headers to send it (its key, when it has one)."""
+    info = _node_file(home)
+    key = info.get("api_key") or os.environ.get(API_KEY_ENV)
+    return str(info["api"]), ({"Authorization": f"Bearer {key}"} if key else {})
+
+
+def _post(url: str, body: dict, timeout: float, headers: dict | None = None):
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", **(headers or {})})
     try:
         return urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
@@ -227,30 +257,56 @@ def _question(text: str) -> str:
 
 def cmd_ask(args) -> int:
     question = _question(args.prompt)
-    url = _api_url(args.home) + "/gt/ask"
+    base, headers = _api(args.home)
+    url = base + "/gt/ask"
     body = {"prompt": question, "model": args.model, "session": args.session, "system": args.system,
             "stream": args.stream, "raw": args.raw, "max_tokens": args.max_tokens,
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
-    with _post(url, {k: v for k, v in body.items() if v is not None}, args.timeout) as response:
-        if not args.stream:
-            answer = json.loads(response.read())
-            print(json.dumps(answer) if args.json else answer["text"])
-            if not args.json:
-                _describe(answer)
-            return 0
-        for raw in response:
-            line = json.loads(raw)
-            if "error" in line:
-                raise UsageError(line["error"]["message"], EXIT_NO_ANSWER)
-            if "delta" in line and not args.json:
-                print(line["delta"], end="", flush=True)
-            if "answer" in line:
-                if args.json:
-                    print(json.dumps(line["answer"]))
-                else:
-                    print()
-                    _describe(line["answer"])
+    with _post(url, {k: v for k, v in body.items() if v is not None}, args.timeout, headers) as response:
+        reading = _StreamReading(args)
+        try:
+            if not args.stream:
+                reading.answer(json.loads(response.read()))
+            else:
+                for raw in response:
+                    reading.line(json.loads(raw))
+        except (TimeoutError, OSError) as exc:  # a stalled or dropped stream (socket.timeout is a TimeoutError)
+            what = f"nothing for {args.timeout:g} s" if isinstance(exc, TimeoutError) else f"{exc}"
+            reading.fail(f"the answer stopped arriving ({what}); ask again (--timeout S waits longer)")
+        except (ValueError, KeyError, TypeError, AttributeError):  # not the API's JSON lines
+            reading.fail("the user node sent something that is not an answer (a garbled stream); ask again")
+        if not reading.done:
+            reading.fail("the answer was cut off before its end (the stream closed early); ask again")
     return 0
+
+
+class _StreamReading:
+    """What `gt-user ask` prints of an answer, and one line for every way it can fail."""
+
+    def __init__(self, args) -> None:
+        self.args, self.done, self.partial = args, False, False
+
+    def line(self, line: dict) -> None:
+        if "error" in line:
+            self.fail(str(line["error"]["message"]))
+        if "delta" in line and not self.args.json:
+            print(str(line["delta"]), end="", flush=True)
+            self.partial = True
+        if "answer" in line:
+            self.answer(line["answer"])
+
+    def answer(self, answer: dict) -> None:
+        if self.args.json:
+            print(json.dumps(answer))
+        else:
+            print(str(answer["text"]) if not self.args.stream else "")
+            _describe(answer)
+        self.done = True
+
+    def fail(self, message: str) -> None:
+        if self.partial:  # the error goes on a line of its own
+            print(flush=True)
+        raise UsageError(message, EXIT_NO_ANSWER)
 
 
 def _describe(answer: dict) -> None:
@@ -263,9 +319,10 @@ def _describe(answer: dict) -> None:
 
 
 def cmd_status(args) -> int:
-    url = _api_url(args.home) + "/gt/status"
+    base, headers = _api(args.home)
+    url = base + "/gt/status"
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
             status = json.loads(response.read())
     except (urllib.error.URLError, OSError) as exc:
         raise UsageError(f"cannot reach the user node's API at {url}: {getattr(exc, 'reason', exc)}",
@@ -304,6 +361,12 @@ def _node_options(p: argparse.ArgumentParser) -> None:
                         "checked directory")
     p.add_argument("--directory", metavar="FILE",
                    help="TESTS AND BENCHMARKS ONLY: a static directory JSON file instead of the committee")
+    p.add_argument("--api-key", metavar="KEY", default=None,
+                   help=f"require `Authorization: Bearer KEY` on the API (as vLLM's --api-key; or ${API_KEY_ENV}); "
+                        "needed to listen on a wildcard address. `gt-user ask` on this home sends it by itself")
+    p.add_argument("--cors-origin", metavar="ORIGIN", action="append", default=[],
+                   help="let web pages of ORIGIN (e.g. http://localhost:3000) use the API from a browser; "
+                        "repeat for more. Pages of any other origin are refused (CSRF defence)")
     p.add_argument("--region", default="default", help="the region this node relays in (paths stay in a region)")
     p.add_argument("--advertise", metavar="HOST:PORT", type=host_port,
                    help="relay address to register, when peers reach this node elsewhere than --listen "

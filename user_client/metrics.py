@@ -1,9 +1,11 @@
 """The user node's Prometheus families (served at its API's /metrics).
 
 Counters follow the node's own status totals (`update`, at each scrape); latency histograms
-are observed by the API as each ask ends (`observe_ask`): the whole ask, the time to the first
-token the client got, and the stages of the overlay (sealing and splitting, sending the
-cloves, the first reply chunk back, the whole attempt; ARCHITECTURE.md §2).
+are observed by the API as each ask ends (`observe_ask`): the whole ask by outcome, the stages
+of the overlay (sealing and splitting, sending the cloves, the first reply chunk back, the
+whole attempt; ARCHITECTURE.md §2), and for answered asks vLLM's request families as the
+asker sees them (gentorrent.metrics.REQUEST_FAMILIES: prompt and generation tokens, time to the
+first token the client got, time per output token, end to end).
 
 Redundancy is not loss: with n cloves sent and k needed, the n - k cloves that arrive after a
 message was rebuilt are expected, and are counted as `gentorrent_cloves_redundant`, never as
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from gentorrent.metrics import LATENCY_BUCKETS, CounterSync, RoleMetrics
+from gentorrent.metrics import LATENCY_BUCKETS, CounterSync, RequestMetrics, RoleMetrics
 
 #: a drop reason that means "one of the n - k spare cloves", not a loss
 REDUNDANT = "late"
@@ -30,8 +32,7 @@ class UserMetrics(RoleMetrics):
         self.asks = Counter("gentorrent_asks", "asks by outcome", ["outcome"], registry=r)
         self.ask_seconds = Histogram("gentorrent_ask_seconds", "asks through the local API, end to end",
                                      ["outcome"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft_seconds = Histogram("gentorrent_ask_ttft_seconds", "time to the first token of an answer",
-                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = RequestMetrics(r, "answered asks, as this node saw them")
         self.stage_seconds = Histogram("gentorrent_ask_stage_seconds", "time of each stage of an answered ask",
                                        ["stage"], buckets=LATENCY_BUCKETS, registry=r)
         self.cloves_relayed = Counter("gentorrent_cloves_relayed", "cloves relayed", ["direction"], registry=r)
@@ -65,11 +66,11 @@ class UserMetrics(RoleMetrics):
         return self.render()
 
     def observe_ask(self, outcome: str, seconds: float, ttft_s: float | None = None,
-                    timings_ms: dict | None = None) -> None:
+                    timings_ms: dict | None = None, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
         """One ask through the API ended (outcome "answered" or the error code)."""
         self.ask_seconds.labels(outcome=outcome).observe(seconds)
-        if ttft_s is not None:
-            self.ttft_seconds.observe(ttft_s)
+        if outcome == "answered":
+            self.requests.observe(prompt_tokens, output_tokens, ttft_s, seconds)
         for stage in STAGES:
             value = (timings_ms or {}).get(f"{stage}_ms")
             if value is not None:

@@ -25,7 +25,7 @@ from gentorrent.crypto.keys import NodeKeys
 from gentorrent.channels import ChannelPool
 from gentorrent.ledger.peers import PeerIndex
 from user_client.relay import Relay, Tap
-from gentorrent.audits import AuditMember, members_of
+from gentorrent.audits import AuditMember, members_among
 from gentorrent.generation import make_request
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
@@ -64,7 +64,8 @@ class UserNode:
         which rate this node's own asks are audited (user_client/auditing.py); `committee`: the
         members that take audits (with their audit keys): this node hands its audits to them
         over its paths, and as a proxy hands others' on; None: the members of the committee
-        directory's genesis that publish an audit key (none: audits wait in the outbox)."""
+        directory that publish an audit key, as it follows the committee (none in its genesis:
+        audits wait in the outbox)."""
         self.home = Path(home)
         self.directory = directory
         self.listen = listen
@@ -87,11 +88,11 @@ class UserNode:
         self.paths: PathManager | None = None
         self.asker: Asker | None = None
         self.channels = ChannelPool(own=self.tls)  # relays ask for it: mutual TLS on every link
-        self._last_miss_refresh = 0.0
         self.auditor = Auditor(audits, rng=rng)
-        genesis = getattr(directory, "genesis", None)  # a committee directory: its genesis' audit keys
-        if committee is None and genesis is not None and members_of(genesis):
-            committee = lambda: members_of(genesis)  # noqa: E731
+        # a committee directory: the members it follows (the genesis' at first) that publish audit keys
+        members_now = getattr(directory, "members_now", None)
+        if committee is None and members_now is not None and members_among(members_now()):
+            committee = lambda: members_among(members_now())  # noqa: E731
         self.committee = committee
         self.audit_channel: OverlayAuditChannel | None = None
         self._flush: asyncio.Task | None = None
@@ -99,22 +100,22 @@ class UserNode:
     @property
     def record(self) -> UserRecord:
         return UserRecord(node_id=self.keys.identity.node_id, public_key=self.keys.identity.public_key,
-                          address=self.address, onion_key=self.keys.onion.public_key,
-                          tls_cert_pem=self.tls.cert_pem, region=self.region)
+                          address=self.address, onion_key=self.keys.onion.public_key, region=self.region)
 
     async def start(self, build_paths: bool = True) -> None:
         """Listen, register with the directory (the committee's: a signed registration,
         waited for until it is committed), then (optionally) build the first paths.
 
-        The relay server demands a client certificate and admits exactly the registered ones
-        (mutual TLS; the roots follow the directory at every new connection)."""
+        The relay server demands a client certificate and admits exactly the callers whose leaf
+        is signed by a registered node's key (mutual TLS; checked by `Relay.Link`)."""
         check_listen(self.listen, self.advertise)  # a wildcard without --advertise: stop here
-        self.index = PeerIndex(self.directory, on_miss=self._refresh_soon)
-        server, port = tls.new_server(self.tls, self.listen, client_roots=self._client_roots)
+        self.index = PeerIndex(self.directory)  # a peer it does not hold is looked up by id (Relay)
+        server, port = tls.new_server(self.tls, self.listen, identify_callers=True)
         self.address = advertised_address(self.listen, port, self.advertise)
         self.relay = Relay(self.keys.onion, self.node_id_hex, self.keys.identity, self.index, self.channels,
                            self.params, tap=self.tap,
-                           handoff=CommitteeHandoff(self.committee) if self.committee else None)
+                           handoff=CommitteeHandoff(self.committee) if self.committee else None,
+                           path_idle_expiry_s=self.cloves.path_idle_expiry_s)
         rpc.add_RelayServicer_to_server(self.relay, server)
         await server.start()
         self._server = server
@@ -123,7 +124,7 @@ class UserNode:
         await self.directory.register_user(self.record)
         await self.refresh_directory()
         self.paths = PathManager(self.directory, self.relay, self.index, self.node_id_hex, self.region,
-                                 self.cloves, self.params, rng=self.rng)
+                                 self.cloves, self.params, rng=self.rng, guards_file=self.home / "guards.json")
         self.asker = Asker(self.directory, self.paths, self.cloves, self.params, rng=self.rng)
         if self.committee:
             self.audit_channel = OverlayAuditChannel(self.paths, self.committee)
@@ -131,25 +132,6 @@ class UserNode:
             await self.paths.fill()
         if self.maintain:
             self._tasks.append(asyncio.ensure_future(self._maintenance()))
-
-    def _client_roots(self) -> bytes | None:
-        """Called by gRPC before each TLS handshake (from its own thread): the registered
-        certificates when they changed. A caller we do not know yet may just have registered,
-        so the directory is looked at again soon (at most once a second)."""
-        loop = getattr(self, "_loop", None)
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._refresh_soon)
-        return self.index.client_roots()
-
-    def _refresh_soon(self) -> None:
-        """A peer we do not know yet may just have registered: look again (at most once a second)."""
-        now = time.monotonic()
-        if now - self._last_miss_refresh < 1.0 or not self._server:
-            return
-        self._last_miss_refresh = now
-        task = asyncio.get_running_loop().create_task(self.refresh_directory())
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
 
     async def refresh_directory(self) -> None:
         await self.directory.refresh()

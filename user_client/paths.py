@@ -1,8 +1,10 @@
 """Proxy paths of a user node (ARCHITECTURE.md §3.2): choose relays, establish, renew, repair.
 
 A user keeps N >= n established paths of l relays each; the last relay of a path is one of the
-user's proxies. Relays come from the directory: same region, never the user itself, least
-used first so that paths overlap as little as the region allows. A path is tried, not
+user's proxies. The first hop of every path is the user's first usable entry guard
+(gentorrent/overlay/guards.py, kept in the node's home for weeks); the other relays come from the
+directory: same region, never the user itself nor in its guard's network, least used first so
+that paths overlap as little as the region allows. A path is tried, not
 trusted: one whose first hop refuses a clove, whose clove the model node never listed as
 delivered, or whose reply clove never came back, is marked failed and replaced at once; every
 path is renewed after `path_renewal_s` anyway. Paths are pinned to node ids: onions name each
@@ -22,17 +24,23 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from gentorrent.ledger.peers import PeerIndex
-from gentorrent.config import CLOVES, OVERLAY, CloveParams, OverlayParams
-from gentorrent.crypto import onion
+from gentorrent.config import CLOVES, GUARDS, OVERLAY, CloveParams, GuardParams, OverlayParams
+from gentorrent.crypto import keys, onion
+from gentorrent.overlay.guards import GuardFileError, GuardSet
 from gentorrent.overlay.pathtable import DropReason
 from user_client.relay import CONFIRMATION, Relay
+from gentorrent.ledger import addresses
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
 
 log = logging.getLogger(__name__)
+
+
+BUILD_TIMES_KEPT = 16  # establishment times the status shows (dial, onion out, confirmation back)
 
 
 class NotEnoughRelays(RuntimeError):
@@ -86,16 +94,27 @@ class ProxyPath:
 
 def choose_relays(
     users: list[UserRecord], self_id: str, region: str, length: int, rng: random.Random,
-    usage: Counter | None = None, exclude: set[str] = frozenset(),
+    usage: Counter | None = None, exclude: set[str] = frozenset(), distinct_prefixes: bool = False,
 ) -> list[UserRecord]:
-    """`length` distinct relays of `region`, never `self_id`, the least used first."""
+    """`length` distinct relays of `region`, never `self_id`, the least used first; with
+    `distinct_prefixes` (the genesis' rule) never two of one IPv4 /16 or IPv6 /32, as Tor builds
+    circuits: one operator's block of addresses holds at most one hop of a path."""
     pool = [u for u in users if u.region == region and u.node_id_hex != self_id and u.address not in exclude]
-    if len(pool) < length:
-        raise NotEnoughRelays(f"{len(pool)} usable relays in region {region!r}, a path needs {length}")
     usage = usage or Counter()
     rng.shuffle(pool)
     pool.sort(key=lambda u: usage[u.address])  # stable: random among equally used
-    chosen = pool[:length]
+    chosen, prefixes = [], set()
+    for u in pool:
+        prefix = addresses.path_prefix(u.address) if distinct_prefixes else u.address
+        if prefix in prefixes:
+            continue
+        prefixes.add(prefix)
+        chosen.append(u)
+        if len(chosen) == length:
+            break
+    if len(chosen) < length:
+        which = "networks (/16, /32)" if distinct_prefixes else "relays"
+        raise NotEnoughRelays(f"{len(chosen)} usable {which} in region {region!r}, a path needs {length}")
     rng.shuffle(chosen)
     return chosen
 
@@ -164,7 +183,11 @@ class PathManager:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        guards_file: Path | None = None,
+        guard_params: GuardParams = GUARDS,
     ) -> None:
+        """`guards_file`: where this node keeps its entry guards (its home's guards.json); None
+        keeps them in memory only. `guard_params.enabled` False: a first hop drawn per path."""
         self.directory = directory
         self.relay = relay
         self.index = index
@@ -178,24 +201,72 @@ class PathManager:
         self.clock = clock
         self.wall_clock = wall_clock
         self.pool = PathPool(cloves.proxies_kept, cloves.path_renewal_s, cloves.single_use_paths)
+        genesis = getattr(directory, "genesis", None)  # a committee's directory: its genesis' path rule
+        self.distinct_prefixes = bool(genesis is not None and genesis.rules.distinct_path_prefixes)
         self._ids = itertools.count(1)
         self._fill_lock = asyncio.Lock()
         self._suspect_hops: Counter = Counter()
         self._building: Counter = Counter()
         self.built = 0
         self.build_failures = 0
+        self.last_error = ""  # the last reason a fill could not build a path (status)
+        self.build_s: list[float] = []  # how long the last successful establishments took (bench/wan.py)
         self._repair: asyncio.Task | None = None
+        self.guards_file = Path(guards_file) if guards_file is not None else None
+        self.guards = _load_guards(self.guards_file, guard_params) if guard_params.enabled else None
+
+    # ------------------------------------------------------------------ entry guards
+
+    def _entry_guard(self, users: list[UserRecord], exclude: set[str]) -> UserRecord | None:
+        """The first hop of the next path: the first usable guard (the list refreshed first)."""
+        relays = [u for u in users if u.region == self.region]
+        prefix = addresses.path_prefix if self.distinct_prefixes else (lambda address: address)
+        if self.guards.refresh(relays, self.self_id, self.wall_clock(), self.rng, prefix) and self.guards_file:
+            keys.replace_private(self.guards_file, self.guards.to_json().encode())
+        by_id = {u.node_id_hex: u for u in relays}
+        first = self.guards.first_hop(lambda node_id: node_id in by_id and by_id[node_id].address not in exclude)
+        return by_id.get(first) if first is not None else None
+
+    async def _hold_guards(self) -> None:
+        """The guards' own records, looked up by node id: the directory holds a sample of the
+        region's relays and the peers looked up (gentorrent.ledger.committee), not necessarily a
+        guard, and a guard it does not list would count as gone. A lookup is kept for the
+        directory's peer TTL, so this asks the committee about once per guard per TTL."""
+        held = {u.node_id_hex for u in self.directory.users()}
+        for guard in self.guards.guards if self.guards is not None else ():
+            if guard.node_id in held:
+                continue
+            try:
+                await self.directory.user(bytes.fromhex(guard.node_id))
+            except Exception as exc:  # noqa: BLE001 - the committee out of reach: missing this time
+                log.info("entry guard %s not looked up: %s", guard.node_id[:16], exc)
+
+    def _choose(self, usage: Counter, exclude: set[str]) -> list[UserRecord]:
+        """The relays of a new path, first hop first: the entry guard, then the others."""
+        users = self.directory.users()
+        if self.guards is None:
+            return choose_relays(users, self.self_id, self.region, self.cloves.path_length, self.rng, usage, exclude,
+                                 self.distinct_prefixes)
+        guard = self._entry_guard(users, exclude)
+        if guard is None:
+            raise NotEnoughRelays(f"none of the {len(self.guards.guards)} entry guards is listed and reachable")
+        if self.distinct_prefixes:  # the other hops come from other networks than the guard's
+            taken = addresses.path_prefix(guard.address)
+            users = [u for u in users if addresses.path_prefix(u.address) != taken]
+        rest = choose_relays(users, self.self_id, self.region, self.cloves.path_length - 1, self.rng, usage,
+                             exclude | {guard.address}, self.distinct_prefixes)
+        return [guard, *rest]
 
     # ------------------------------------------------------------------ building
 
     async def build_one(self) -> ProxyPath | None:
         """Try up to `build_attempts` relay choices; None if none holds."""
+        await self._hold_guards()
         for _ in range(self.params.build_attempts):
             exclude = {a for a, n in self._suspect_hops.items() if n >= 2}
             usage = self.pool.relay_usage(self.clock()) + self._building
             try:
-                relays = choose_relays(self.directory.users(), self.self_id, self.region,
-                                       self.cloves.path_length, self.rng, usage, exclude)
+                relays = self._choose(usage, exclude)
             except NotEnoughRelays:
                 if not exclude:
                     raise
@@ -221,8 +292,9 @@ class PathManager:
         # keys and link IDs from the OS CSPRNG; the time lets hops refuse this onion once it is old
         onion_bytes, secrets = onion.build_onion(hops, issued_s=int(self.wall_clock()))
         first = relays[0]
+        started = self.clock()
         path = ProxyPath(next(self._ids), tuple(r.address for r in relays), tuple(r.node_id_hex for r in relays),
-                         secrets, self.clock())
+                         secrets, started)
         link = self.relay.hub.link_to(first.node_id_hex)
         reply = None
         if link is not None:
@@ -253,6 +325,7 @@ class PathManager:
         for r in relays:
             self._suspect_hops.pop(r.address, None)
         self.pool.add(path)
+        self.build_s = [*self.build_s[-(BUILD_TIMES_KEPT - 1):], self.clock() - started]
         if self.replies_to is not None:
             self.relay.add_endpoint(path.first_link, path.first_hop, functools.partial(self.replies_to, path))
         self.built += 1
@@ -272,6 +345,8 @@ class PathManager:
                 for r in results:
                     if isinstance(r, BaseException) and not isinstance(r, Exception):
                         raise r
+                    if isinstance(r, Exception):  # (NotEnoughRelays, a directory out of reach): for status
+                        self.last_error = f"{type(r).__name__}: {str(r)[:200]}"
             return len(self.pool.usable(self.clock()))
 
     def _retire(self, path: ProxyPath) -> None:
@@ -327,4 +402,19 @@ class PathManager:
         now = self.clock()
         return {"usable": len(self.pool.usable(now)), "keep": self.pool.keep, "built": self.built,
                 "build_failures": self.build_failures, "suspects": dict(self._suspect_hops),
+                "last_error": self.last_error, "relays_known": len(self.directory.users()),
+                "build_ms": [round(t * 1000, 1) for t in self.build_s],
+                "guards": [g.node_id for g in self.guards.guards] if self.guards is not None else None,
                 "paths": [p.describe() for p in self.pool.paths.values()]}
+
+
+def _load_guards(path: Path | None, params: GuardParams) -> GuardSet:
+    """The guards kept in `path`, or a new empty list; a file that cannot be read is refused,
+    saying what to do (drawing new guards exposes the user to more relays: the operator decides)."""
+    if path is None or not path.exists():
+        return GuardSet(params)
+    try:
+        return GuardSet.from_json(path.read_text(), params)
+    except (GuardFileError, OSError, UnicodeDecodeError) as exc:
+        raise GuardFileError(f"{path}: {exc}. It holds this node's entry guards; if it is damaged, remove it and "
+                             "the node draws new ones (which exposes it to new first hops)") from exc

@@ -1,9 +1,9 @@
 """The Relay service every user node runs (ARCHITECTURE.md §3.2-3.3): a thin shell over PathTable.
 
 Neighbours reach it over one long-lived Link stream each (gentorrent.overlay.links), under
-mutual TLS: the caller's certificate was checked against the registry in the handshake, and
-`PeerIndex.identify` names the node. So a predecessor is a certificate, not a claimed
-address: a path entry records the authenticated node that sent the onion, forward cloves are
+mutual TLS: the caller presents a leaf certificate, and `PeerIndex.identify` names the
+registered node whose Ed25519 key signed it (anyone else is refused at once). So a predecessor
+is a key, not a claimed address: a path entry records the authenticated node that sent the onion, forward cloves are
 accepted on a link ID only from that node, return cloves only from the entry's successor (or,
 on a proxy's fresh reply links, from a registered model node). Knowing a link ID is not enough.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from gentorrent.ledger.peers import MODEL, USER, PeerIndex
 from gentorrent.config import OVERLAY, WIRE, OverlayParams
 from gentorrent.crypto import onion, tls
 from gentorrent.crypto.keys import Identity, OnionKey
+from gentorrent.overlay.cover_timing import ReplyHolds
 from gentorrent.overlay.links import Link, LinkHub
 from gentorrent.overlay.pathtable import (Drop, DropCounter, DropReason, HopEntry, OnionReplayCache,
                                           PathTable)
@@ -53,6 +55,8 @@ _SEQ_MOD = 1 << 64
 Tap = Callable[[str, bytes, bytes], None]
 #: receives the return blob of one of our own paths
 Endpoint = Callable[[bytes], None]
+#: model nodes a proxy may be waiting to learn of at once (each waits for one lookup by node id)
+MAX_PENDING_DESTINATIONS = 64
 
 
 @dataclass
@@ -76,9 +80,13 @@ class Relay(rpc.RelayServicer):
         wall_clock: Callable[[], float] = time.time,
         tap: Tap | None = None,
         handoff: CommitteeHandoff | None = None,
+        path_idle_expiry_s: float | None = None,
     ) -> None:
         """`handoff`: how this relay, as a proxy, hands sealed audits to committee members
-        (None: it refuses them)."""
+        (None: it refuses them); `path_idle_expiry_s`: the node's CloveParams' (its [cloves]).
+        A proxy asked to hand cloves to a model node it has not met yet looks it up by node id
+        (`index.resolve`, one proven answer) before it gives up on them (the node may just have
+        registered: the first ask of a node that just joined must not fail)."""
         self.onion_key = onion_key
         self.handoff = handoff
         self.node_id_hex = node_id_hex
@@ -87,12 +95,17 @@ class Relay(rpc.RelayServicer):
         self.clock = clock
         self.wall_clock = wall_clock
         self.tap = tap
-        self.table = PathTable(params)
+        self.table = PathTable(params, path_idle_expiry_s)
         self.onions = OnionReplayCache(params.onion_max_age_s, 2 * params.max_paths)
         self.drops = DropCounter()
         self.hub = LinkHub(node_id_hex, identity, index.get, channels, self, params, self.drops)
         self._endpoints: dict[bytes, _OwnPath] = {}
+        self._lookups: set[asyncio.Task] = set()  # proxied cloves waiting for a model node's record
         self.notices = 0
+        # as a proxy: what crosses it waits a random time, so no hop times its position
+        self.holds = ReplyHolds(params.position_cover_s if params.hide_position else 0.0,
+                                params.first_reply_timeout_s + params.reply_idle_timeout_s, params.max_paths,
+                                random.SystemRandom())
 
     # ------------------------------------------------------------------ own paths
 
@@ -106,10 +119,10 @@ class Relay(rpc.RelayServicer):
     # ------------------------------------------------------------------ gRPC
 
     async def Link(self, request_iterator, context) -> None:
-        peer = self.index.identify(tls.peer_certificate(context))
-        if peer is None:  # the handshake checked the roots; the registry may have moved on since
+        peer = await self.index.identify_caller(tls.caller_certificate(context))
+        if peer is None:  # the handshake only checked the chain to the public root: this is the check
             self.drops.count(DropReason.UNAUTHENTICATED)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "not a registered node's certificate")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "not a certificate signed by a registered node's key")
             return
         await self.hub.serve(context, peer)
 
@@ -133,6 +146,18 @@ class Relay(rpc.RelayServicer):
             self._observe("forward_out" if forward else "return_out", c.link_id, c.payload)
         return link.send(forward, cloves, ack)
 
+    def _pass_on(self, node_id: str, forward: bool, cloves: list[pb.Clove]) -> None:
+        """Relay cloves to the next hop. Forward cloves ask for its ack, as the asker's do, so
+        that a first hop cannot tell the asker from a relay by the frames it gets; nothing acts
+        on the answer (a clove the next hop refuses is the user's to find, end to end)."""
+        if not (forward and self.params.hide_position):
+            self._send(node_id, forward, cloves)
+            return
+        ack = self._send(node_id, True, cloves, ack=True)
+        if ack is not None and not ack.done():  # an ack that never comes must not stay behind
+            timer = asyncio.get_running_loop().call_later(self.params.forward_timeout_s, ack.cancel)
+            ack.add_done_callback(lambda _: timer.cancel())
+
     # ------------------------------------------------------------------ Establish
 
     async def on_establish(self, link: Link, request: pb.EstablishRequest) -> pb.EstablishReply:
@@ -153,12 +178,17 @@ class Relay(rpc.RelayServicer):
         except onion.OnionError as exc:
             raise Drop(DropReason.BAD_ONION, str(exc)) from exc
         if layer.next_hop is not None and self.index.user(layer.next_hop) is None:
-            raise Drop(DropReason.UNKNOWN_PEER, layer.next_hop[:16])
+            await self.index.resolve(layer.next_hop)  # a relay this one has not met yet
+            if self.index.user(layer.next_hop) is None:
+                raise Drop(DropReason.UNKNOWN_PEER, layer.next_hop[:16])
         self.onions.check_and_add(layer.ephemeral, layer.issued_s, self.wall_clock())
         now = self.clock()
         entry = HopEntry(layer.link_in, layer.link_out, link.peer.node_id, layer.next_hop, layer.hop_key, now, now)
         self.table.add(entry)
-        if layer.next_hop is None:
+        if layer.next_hop is None:  # the proxy: its confirmation waits, as its replies do
+            hold = self.holds.fresh()
+            if hold:
+                await asyncio.sleep(hold)
             return onion.seal_return(entry.keys, CONFIRMATION)
         successor = self.hub.link_to(layer.next_hop)
         try:
@@ -190,10 +220,38 @@ class Relay(rpc.RelayServicer):
                 self.drops.count(drop.reason)
                 refused.append((i, drop.reason))
         for node_id, cloves in out.items():
-            self._send(node_id, batch.forward, cloves)
+            self._pass_on(node_id, batch.forward, cloves)
         for node_id, items in to_models.items():
-            self._submit(node_id, items)
+            if self.index.model(node_id) is not None:
+                self._submit_held(node_id, items)
+            elif len(self._lookups) < MAX_PENDING_DESTINATIONS:  # bounded: a flood of unknown ids waits no lookup
+                task = asyncio.ensure_future(self._submit_once_known(node_id, items))
+                self._lookups.add(task)
+                task.add_done_callback(self._lookups.discard)
+            else:
+                self._notify(items, DropReason.UNKNOWN_DESTINATION)
         return refused
+
+    async def _submit_once_known(self, node_id: str, items: list[tuple[HopEntry, int, pb.Clove]]) -> None:
+        """Cloves for a model node this relay did not know: hand them on once it is looked up by
+        node id, or tell their users it is unknown."""
+        try:
+            await asyncio.wait_for(self.index.resolve(node_id), self.params.forward_timeout_s)
+        except Exception as exc:  # the committee did not answer: the cloves are undeliverable
+            log.info("lookup of unknown model node %s failed: %s", node_id[:16], exc)
+        if self.index.model(node_id) is None:
+            self._notify(items, DropReason.UNKNOWN_DESTINATION)
+            return
+        self._submit_held(node_id, items)
+
+    def _submit_held(self, node_id: str, items: list[tuple[HopEntry, int, pb.Clove]]) -> None:
+        """Hand cloves to a model node, each after a hold of its own (gentorrent.overlay.cover_timing)."""
+        if not self.holds.bound_s:
+            self._submit(node_id, items)
+            return
+        loop = asyncio.get_running_loop()
+        for item in items:
+            loop.call_later(self.holds.fresh(), self._submit, node_id, [item])
 
     def _forward_one(self, link: Link, clove: pb.Clove, out, to_models) -> None:
         if len(clove.payload) > WIRE.max_blob_bytes:
@@ -222,14 +280,15 @@ class Relay(rpc.RelayServicer):
                 raise Drop(DropReason.UNKNOWN_DESTINATION)
             return
         destination = instruction.destination.hex()
-        if len(instruction.destination) != 32 or self.index.model(destination) is None or not instruction.payload:
-            raise Drop(DropReason.UNKNOWN_DESTINATION)
+        if len(instruction.destination) != 32 or not instruction.payload:
+            raise Drop(DropReason.UNKNOWN_DESTINATION)  # (an unknown node is looked up in on_cloves)
         user_seq = (seq - entry.keys.seq_offset) % _SEQ_MOD
         to_models[destination].append((entry, user_seq, pb.Clove(payload=instruction.payload)))
 
     def _submit(self, node_id: str, items: list[tuple[HopEntry, int, pb.Clove]]) -> None:
-        """Hand cloves to a model node, asking for its (hop-local) ack: a model node that cannot
-        be reached is reported to each clove's user, who then need not wait out a timeout."""
+        """Hand cloves to a model node (looked up in on_cloves), asking for its (hop-local) ack:
+        a model node that cannot be reached is reported to each clove's user, who then need not
+        wait out a timeout."""
         for _, _, clove in items:
             self._observe("submit_out", b"", clove.payload)
         ack = self._send(node_id, True, [c for _, _, c in items], ack=True)
@@ -285,7 +344,12 @@ class Relay(rpc.RelayServicer):
                 blob = onion.wrap_return(entry.keys, clove.payload)
         except onion.CloveLayerError as exc:
             raise Drop(DropReason.BAD_LAYER) from exc
-        out[entry.predecessor].append(pb.Clove(link_id=entry.link_in, payload=blob))
+        back = pb.Clove(link_id=entry.link_in, payload=blob)
+        hold = self.holds.reply(clove.link_id, self.clock()) if entry.is_proxy else 0.0
+        if hold:  # every reply clove of this ask waits the same: the answer keeps its pace
+            asyncio.get_running_loop().call_later(hold, self._send, entry.predecessor, False, [back])
+            return
+        out[entry.predecessor].append(back)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -301,6 +365,9 @@ class Relay(rpc.RelayServicer):
                 "audit_handoffs": self.handoff.status() if self.handoff else {}}
 
     async def close(self) -> None:
+        for task in list(self._lookups):
+            task.cancel()
+        await asyncio.gather(*self._lookups, return_exceptions=True)
         if self.handoff is not None:
             await self.handoff.close()
         await self.hub.close()

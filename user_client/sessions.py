@@ -5,7 +5,9 @@ together beyond what one ask shows). So the history of a session lives here, wit
 and each turn sends all of it: the model node's prefix cache still holds the conversation so
 far, because the session's turns go to the same node (affinity, `api_requests.conversation_key`).
 Bounded in number of sessions, in bytes per session (the oldest turns go first; the system
-prompt stays) and in idle time; the clock is injected.
+prompt stays) and in idle time; the clock is injected. Each answer keeps a note of where it
+came from (the serving node, its reputation then, the paths its cloves took), which the chat
+page shows; notes never leave the node either.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ Turn = tuple[str, str]  # (role, content)
 @dataclass
 class _Session:
     turns: list[Turn] = field(default_factory=list)
+    notes: list[dict | None] = field(default_factory=list)  # one per turn: an answer's origin, or None
     used: float = 0.0
+    model: str = ""
 
 
 class SessionStore:
@@ -42,13 +46,30 @@ class SessionStore:
         session = self._sessions.get(name)
         return list(session.turns) if session else []
 
-    def record(self, name: str, sent: tuple[Turn, ...], reply: str) -> None:
-        """After an answer: the conversation is what was sent plus the reply."""
+    def record(self, name: str, sent: tuple[Turn, ...], reply: str, note: dict | None = None, model: str = "") -> None:
+        """After an answer: the conversation is what was sent plus the reply (and its note)."""
+        old = self._sessions.pop(name, None)
+        known = old.notes if old is not None and old.turns == list(sent[:len(old.turns)]) else []
         turns = list(sent) + [("assistant", reply)]
-        self._sessions.pop(name, None)
-        self._sessions[name] = _Session(_trim(turns, self.params.max_session_bytes), self.clock())
+        notes = (known + [None] * len(turns))[:len(turns) - 1] + [note]
+        turns, notes = _trim(turns, notes, self.params.max_session_bytes)
+        self._sessions[name] = _Session(turns, notes, self.clock(), model or (old.model if old else ""))
         while len(self._sessions) > self.params.max_sessions:
             self._sessions.popitem(last=False)
+
+    def names(self) -> list[dict]:
+        """Every session, the most recently used first: name, turns, model."""
+        self._expire()
+        return [{"name": n, "turns": len(s.turns), "model": s.model} for n, s in reversed(self._sessions.items())]
+
+    def transcript(self, name: str) -> list[dict] | None:
+        """A session's turns with their notes (None when there is no such session)."""
+        self._expire()
+        session = self._sessions.get(name)
+        if session is None:
+            return None
+        return [{"role": r, "content": c, **({"note": n} if n else {})} for (r, c), n in zip(session.turns,
+                                                                                         session.notes)]
 
     def forget(self, name: str) -> bool:
         return self._sessions.pop(name, None) is not None
@@ -63,11 +84,12 @@ def _size(turns: list[Turn]) -> int:
     return sum(len(c.encode()) for _, c in turns)
 
 
-def _trim(turns: list[Turn], limit: int) -> list[Turn]:
+def _trim(turns: list[Turn], notes: list, limit: int) -> tuple[list[Turn], list]:
     """Drop the oldest exchanges (never the system prompt, never the last exchange) until the
-    history fits `limit` bytes."""
-    system = [t for t in turns[:1] if t[0] == "system"]
-    rest = turns[len(system):]
-    while _size(system + rest) > limit and len(rest) > 2:
-        rest = rest[2:] if rest[0][0] == "user" else rest[1:]
-    return system + rest
+    history fits `limit` bytes; the notes go with their turns."""
+    keep = 1 if turns and turns[0][0] == "system" else 0
+    rest, rest_notes = turns[keep:], notes[keep:]
+    while _size(turns[:keep] + rest) > limit and len(rest) > 2:
+        drop = 2 if rest[0][0] == "user" else 1
+        rest, rest_notes = rest[drop:], rest_notes[drop:]
+    return turns[:keep] + rest, notes[:keep] + rest_notes

@@ -69,6 +69,8 @@ class DashboardData:
     peers: tuple[int, int] = (0, 0)  # members heard from lately, other members
     epoch: int = 0
     epoch_phase: str = ""
+    removed: tuple[dict, ...] = ()  # members removed: {"name", "public_key", "height", "reason"}
+    halted: str | None = None  # why consensus halted on this member (None while it runs)
 
 
 def render_html(data: DashboardData) -> str:
@@ -78,6 +80,9 @@ def render_html(data: DashboardData) -> str:
         f"<td>{esc(m.address)}</td><td>{m.power}</td></tr>" for m in data.members
     )
     models = "".join(_model_row(m) for m in data.models) or "<tr><td colspan=7>no model nodes registered</td></tr>"
+    removed = "".join(
+        f"<tr><td>{esc(r['name'])}</td><td class=mono>{esc(r['public_key'][:16])}…</td><td>{r['height']}</td>"
+        f"<td>{esc(r['reason'])}</td></tr>" for r in data.removed) or "<tr><td colspan=4>none</td></tr>"
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8>
 <meta http-equiv=refresh content="{REFRESH_S}">
@@ -89,19 +94,30 @@ th{{background:#f3f3f3}} .mono{{font-family:monospace}}
 .badge{{display:inline-block;padding:3px 10px;border-radius:3px;color:#fff;font-weight:bold}}
 .ok{{background:{_hex(TRUSTED_RGB)}}} .bad{{background:{_hex(UNTRUSTED_RGB)}}}
 .facts{{display:flex;gap:1.5em;flex-wrap:wrap}} .fact{{border:1px solid #ccc;padding:6px 12px}}
-.fact b{{display:block;font-size:1.3em}}
+.fact b{{display:block;font-size:1.3em}} .halted{{background:{_hex(UNTRUSTED_RGB)};color:#fff;padding:8px 12px}}
 </style></head><body>
 <h1>GenTorrent committee <span class=mono>{esc(data.chain_id)}</span></h1>
+{_halted_banner(data.halted)}
 <div class=facts id=committee>{_committee_facts(data)}</div>
 <h2>Model nodes</h2>
 <table id=models><tr><th>node</th><th>address</th><th>model</th><th>load</th>
 <th>reputation over epochs</th><th>trusted</th><th>last answered challenge</th></tr>{models}</table>
 <h2>Committee members</h2>
 <table id=members><tr><th>name</th><th>member</th><th>address</th><th>power</th></tr>{members}</table>
+<h2>Members removed</h2>
+<table id=removed><tr><th>name</th><th>member</th><th>at block</th><th>why</th></tr>{removed}</table>
 <h2>Last epoch</h2>
 <div id=epoch>{_epoch_summary(data.last_epoch)}</div>
 <p class=mono>app hash {esc(data.app_hash[:16])}…</p>
 </body></html>"""
+
+
+def _halted_banner(reason: str | None) -> str:
+    """A halted member says so first, in red: its last block only grows older."""
+    if not reason:
+        return ""
+    return (f"<div class=halted id=halted><b>CONSENSUS HALTED</b> on this member: {html.escape(reason)} "
+            "(the process exits for its supervisor to restart it; its log has the details)</div>")
 
 
 def _committee_facts(data: DashboardData) -> str:
@@ -113,8 +129,9 @@ def _committee_facts(data: DashboardData) -> str:
     facts = (("height", str(data.height), "height"), ("last block", block + age, "block-time"),
              ("peers", f"{data.peers[0]} of {data.peers[1]}", "peers"), ("epoch · phase", phase, "epoch-phase"),
              ("user nodes", str(data.users), "users"))
-    return "".join(f"<div class=fact id={key}>{html.escape(label)}<b>{html.escape(value)}</b></div>"
-                   for label, value, key in facts)
+    bad = {"block-time"} if data.halted else set()
+    return "".join(f"<div class='fact{' halted' if key in bad else ''}' id={key}>{html.escape(label)}"
+                   f"<b>{html.escape(value)}</b></div>" for label, value, key in facts)
 
 
 def _model_row(m: ModelRow) -> str:

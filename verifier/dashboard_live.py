@@ -1,7 +1,7 @@
 """The dashboard and /metrics of a running verifier: snapshots of a live `VerifierNode`.
 
 `verifier.dashboard` renders; this module reads the node (its application's committed
-/directory and /epochs, its consensus status) into `DashboardData` and Prometheus gauges.
+its registry (a local query of its own state) and /epochs, its consensus status) into `DashboardData` and Prometheus gauges.
 A background task follows the committed height and feeds `verifier.history` after every
 commit, so reputation over epochs, each node's last answered challenge and the reputation
 series in /metrics are recorded whether or not anyone loads the page; the history is saved
@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gentorrent.ledger.sections import decode_directory
+from gentorrent.crypto.keys import node_id_of
+from gentorrent.ledger.sections import LOCAL_MODELS, decode_models
 from gentorrent.metrics import serve_app
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.consensus.home import DATA_DIR
 from verifier.dashboard import DashboardData, MemberRow, ModelRow, make_app
 from verifier.epochs.reputation import probation_left
-from verifier.epochs.rules import state_of
+from verifier.epochs.machine import state_of
 from verifier.history import ClosedEpoch, ReputationHistory
 from verifier.metrics import VerifierMetrics
 
@@ -72,11 +73,10 @@ class LiveDashboard:
 
     def record(self) -> None:
         """Feed the committed state at the node's height to the history (once per height)."""
-        height = self.node.host.height
+        height = self.node.consensus.host.height
         if height <= self.history.height:
             return
-        directory, section = self._directory(), self._epochs()
-        models = directory.models if directory else ()
+        models, section = self._models(), self._epochs()
         new = self.history.observe(height, ((m.node_id.hex(), m.reputation) for m in models),
                                    [_closed(s) for s in (section.history if section else ())])
         for epoch in new:
@@ -87,9 +87,13 @@ class LiveDashboard:
         if new or any(len(self.history.points.get(m.node_id.hex(), ())) == 1 for m in models):
             self._save()
 
-    def _directory(self):
-        q = self.node.app.query("/directory", b"", 0)
-        return decode_directory(q.value) if q.code == 0 else None
+    def _models(self) -> tuple:
+        q = self.node.app.query(LOCAL_MODELS, b"", 0)
+        return decode_models(q.value) if q.code == 0 else ()
+
+    def _users(self) -> int:
+        q = self.node.app.query("/info", b"", 0)
+        return int(json.loads(q.value).get("users", 0)) if q.code == 0 else 0
 
     def _epochs(self) -> pb.EpochsSection | None:
         q = self.node.app.query("/epochs", b"", 0)
@@ -124,11 +128,12 @@ class LiveDashboard:
 
     async def snapshot(self) -> DashboardData:
         status = json.loads(self.node.status().json or "{}")
-        directory, section = self._directory(), self._epochs()
-        models = directory.models if directory else ()
+        models, section = self._models(), self._epochs()
         genesis = self.node.genesis
-        members = tuple(MemberRow(v.node_id.hex(), v.address, v.power, i == self.node.me, v.name)
-                        for i, v in enumerate(genesis.validators))
+        committee = status.get("committee") or self.node.consensus.committee_view()
+        me = self.node.identity.public_key.hex()
+        members = tuple(MemberRow(node_id_of(bytes.fromhex(m["public_key"])).hex(), m["address"], m["power"],
+                                  m["public_key"] == me, m["name"]) for m in committee["members"])
         windows = {w.node_id: w for w in section.windows} if section else {}
         rows = tuple(ModelRow(m.node_id.hex(), m.address, m.model, m.capacity, m.trusted,
                               self.history.reputations(m.node_id.hex()),
@@ -136,25 +141,29 @@ class LiveDashboard:
                               probation=probation_left(state_of(windows[m.node_id])) if m.node_id in windows else 0)
                      for m in models)
         last_ms = status.get("last_commit_time_ms") or 0
-        block = getattr(self.node.host, "last_block", None)
+        block = getattr(self.node.consensus.host, "last_block", None)
         return DashboardData(
             chain_id=genesis.chain_id, height=int(status.get("height", 0)), app_hash=status.get("app_hash", ""),
-            members=members, models=rows, users=len(directory.users) if directory else 0,
+            members=members, models=rows, users=self._users(),
             last_epoch=_last_epoch(section),
             last_commit_age_s=round(time.time() - last_ms / 1000, 1) if last_ms else None,
             block_time_ms=block.header.time_ms if block is not None else 0,
-            peers=(len(self.node.status().peers), max(0, len(genesis.validators) - 1)),
+            peers=(len(self.node.status().peers), max(0, len(members) - 1)),
             epoch=section.epoch if section else 0,
             epoch_phase=section.current.phase if section and section.epoch else "",
+            removed=tuple(committee.get("removed", ())),
+            halted=status.get("halted"),
         )
 
     def render_metrics(self) -> bytes:
         status = json.loads(self.node.status().json or "{}")
-        block = getattr(self.node.host, "last_block", None)
+        block = getattr(self.node.consensus.host, "last_block", None)
+        committee = status.get("committee") or {}
+        self.metrics.set_committee(len(committee.get("members", ())), committee.get("removed", ()))
         return self.metrics.update_chain(int(status.get("height", 0)),
                                          int(status.get("consensus", {}).get("round", 0) or 0),
                                          block.header.time_ms if block is not None else 0,
-                                         len(self.node.status().peers))
+                                         len(self.node.status().peers), halted=bool(status.get("halted")))
 
 
 def _closed(summary: pb.EpochSummary) -> ClosedEpoch:

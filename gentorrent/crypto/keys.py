@@ -207,13 +207,8 @@ def write_private(path: Path, data: bytes) -> bool:
     see no file or the whole file, never a partial key. False if `path` already existed
     (another process made it first: its key wins and must be read back)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = _synced_private_tmp(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)  # atomic, and never replaces an existing key
         except FileExistsError:
@@ -221,6 +216,34 @@ def write_private(path: Path, data: bytes) -> bool:
         return True
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def replace_private(path: Path, data: bytes) -> None:
+    """Write `path` (mode 0600 from its first byte), replacing what it held atomically: a crash
+    leaves the old file or the new one, never a part (a node's own state that others must not
+    read, such as its entry guards)."""
+    path = Path(path)
+    tmp = _synced_private_tmp(path, data)
+    try:
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _synced_private_tmp(path: Path, data: bytes) -> Path:
+    """`data` in a temporary file beside `path`, mode 0600 from its first byte, on disk (fsync):
+    what both writers above then move into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def read_or_create_private(path: Path, make) -> bytes:

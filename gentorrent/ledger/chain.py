@@ -24,6 +24,7 @@ HASH_BYTES = 32
 NIL = b""  # the block hash of a vote for nil
 MAX_TXS_PER_BLOCK = 10_000
 MAX_VALIDATORS = 1_000
+HEADER_BYTES = 4096  # bound on an encoded block header where one travels alone (proofs, light blocks)
 MAX_EVIDENCE_PER_BLOCK = 100
 MAX_CHAIN_ID = 64
 
@@ -170,16 +171,19 @@ class Validator:
 
 
 class ValidatorSet:
-    """A fixed committee with CometBFT's weighted round-robin proposer selection.
+    """The committee of the heights from `start_height` on (until the next change), with
+    CometBFT's weighted round-robin proposer selection.
 
-    proposer(h, r) is a pure function of (h, r): the priorities of genesis are advanced once
-    per height (CometBFT's `IncrementProposerPriority(1)` after every block, the first at
-    genesis) and then r times at once for round r, exactly as CometBFT does for a static set.
+    proposer(h, r) is a pure function of (h, r): the priorities at `start_height` - 1 (zero at
+    genesis; carried over from the previous set by `updated`) are advanced once per height
+    (CometBFT's `IncrementProposerPriority(1)` after every block, the first at genesis) and then
+    r times at once for round r, exactly as CometBFT does for a static set.
     """
 
     PRIORITY_WINDOW_FACTOR = 2
 
-    def __init__(self, validators: list[Validator] | tuple[Validator, ...]) -> None:
+    def __init__(self, validators: list[Validator] | tuple[Validator, ...], start_height: int = 1,
+                 priorities: "tuple[int, ...] | list[int] | None" = None) -> None:
         vals = tuple(validators)
         if not vals or len(vals) > MAX_VALIDATORS:
             raise ValueError(f"a validator set has 1..{MAX_VALIDATORS} members")
@@ -195,7 +199,11 @@ class ValidatorSet:
         self._index = {v.public_key: i for i, v in enumerate(vals)}
         order = sorted(range(len(vals)), key=lambda i: vals[i].address)
         self._addr_rank = {i: rank for rank, i in enumerate(order)}
-        self._height_cache: tuple[int, list[int], int] = (0, [0] * len(vals), -1)
+        if start_height < 1 or (priorities is not None and len(priorities) != len(vals)):
+            raise ValueError("start_height >= 1, and one priority per validator")
+        self.start_height = start_height
+        self._start = (start_height - 1, tuple(priorities) if priorities is not None else (0,) * len(vals))
+        self._height_cache: tuple[int, list[int], int] = (self._start[0], list(self._start[1]), -1)
 
     def __len__(self) -> int:
         return len(self.validators)
@@ -224,17 +232,49 @@ class ValidatorSet:
 
     def proposer(self, height: int, round_: int) -> int:
         """Index of the proposer of (height, round)."""
-        if height < 1 or round_ < 0:
-            raise ValueError("height >= 1 and round >= 0")
+        if height < self.start_height or round_ < 0:
+            raise ValueError(f"height >= {self.start_height} (this set's first) and round >= 0")
         prios, proposer = self._at_height(height)
         if round_ == 0:
             return proposer
         return self._increment(list(prios), round_)
 
+    def updated(self, changes: "list[tuple[bytes, int]] | tuple[tuple[bytes, int], ...]",
+                height: int) -> "ValidatorSet":
+        """The committee from `height` on after `changes` ((public key, power); power 0 removes,
+        CometBFT's ValidatorUpdate). Members keep their places and their proposer priorities;
+        new members go last (by key) and start at -1.125 x the new total power, as in CometBFT's
+        updateWithChangeSet, so a change neither skips a member's turn nor gives a newcomer the
+        next one. Raises ValueError for a change that removes a non-member, names a key twice,
+        or leaves the committee empty."""
+        if height <= self.start_height:
+            raise ValueError(f"a change takes effect after this set's first height {self.start_height}")
+        keys = [k for k, _ in changes]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a validator update names a key twice")
+        prios = self._at_height(height - 1)[0] if height - 1 >= self.start_height else list(self._start[1])
+        power = {v.public_key: v.power for v in self.validators}
+        prio = {v.public_key: p for v, p in zip(self.validators, prios)}
+        for key, p in changes:
+            _exact(key, PUBLIC_KEY_BYTES, "validator public key")
+            if p < 0 or p >= 2**50:
+                raise ValueError("validator power must be in 0..2^50")
+            if p == 0 and key not in power:
+                raise ValueError(f"cannot remove {key.hex()[:16]}…: not a validator")
+        order = [v.public_key for v in self.validators] + sorted(k for k, p in changes if p and k not in power)
+        for key, p in changes:
+            power[key] = p
+        kept = [k for k in order if power[k] > 0]
+        if not kept:
+            raise ValueError("a validator update may not remove every validator")
+        total = sum(power[k] for k in kept)
+        start = [prio.get(k, -(total + total // 8)) for k in kept]
+        return ValidatorSet([Validator(k, power[k]) for k in kept], height, start)
+
     def _at_height(self, height: int) -> tuple[list[int], int]:
         h, prios, proposer = self._height_cache
         if h > height:
-            h, prios, proposer = 0, [0] * len(self.validators), -1
+            h, prios, proposer = self._start[0], list(self._start[1]), -1
         prios = list(prios)
         while h < height:
             proposer = self._increment(prios, 1)
@@ -282,8 +322,13 @@ class Vote:
     TAG = b"gt/vote/v1"
 
     def sign_bytes(self, chain_id: str) -> bytes:
-        return (Writer(b"gt/sign/vote/v1").text(chain_id).u8(self.type).u64(self.height)
-                .u32(self.round).blob(self.block_hash).done())
+        cached = self.__dict__.get("_sign_bytes")  # (checked by every receiver, relay and commit)
+        if cached is not None and cached[0] == chain_id:
+            return cached[1]
+        out = (Writer(b"gt/sign/vote/v1").text(chain_id).u8(self.type).u64(self.height)
+               .u32(self.round).blob(self.block_hash).done())
+        object.__setattr__(self, "_sign_bytes", (chain_id, out))
+        return out
 
     def encode(self) -> bytes:
         return (Writer(self.TAG).u8(self.type).u64(self.height).u32(self.round)
@@ -420,6 +465,104 @@ class DuplicateVoteEvidence:
         a, b = sorted((self.vote_a, self.vote_b), key=lambda v: v.block_hash)
         return DuplicateVoteEvidence(a, b)
 
+    @property
+    def height(self) -> int:
+        return self.vote_a.height
+
+    @property
+    def validator(self) -> int:
+        """The equivocator's index in the committee of `height`."""
+        return self.vote_a.validator
+
+    def encode(self) -> bytes:
+        return Writer().u8(EVIDENCE_VOTES).blob(self.vote_a.encode()).blob(self.vote_b.encode()).done()
+
+
+@dataclass(frozen=True)
+class SignedProposal:
+    """What a proposer signed, without the block (a proposal signs the block's hash): enough to
+    prove that it signed two different proposals for one round."""
+
+    height: int
+    round: int
+    pol_round: int
+    block_hash: bytes
+    validator: int
+    signature: bytes
+
+    TAG = b"gt/signedproposal/v1"
+
+    @classmethod
+    def of(cls, p: "Proposal") -> "SignedProposal":
+        return cls(p.height, p.round, p.pol_round, p.block.hash(), p.validator, p.signature)
+
+    def sign_bytes(self, chain_id: str) -> bytes:
+        return proposal_sign_bytes(chain_id, self.height, self.round, self.pol_round, self.block_hash)
+
+    def encode(self) -> bytes:
+        return (Writer(self.TAG).u64(self.height).u32(self.round).i64(self.pol_round).blob(self.block_hash)
+                .u32(self.validator).blob(self.signature).done())
+
+    @classmethod
+    def decode(cls, data: bytes) -> "SignedProposal":
+        r = Reader(data, cls.TAG)
+        p = cls(r.u64(), r.u32(), r.i64(), _exact(r.blob(HASH_BYTES), HASH_BYTES, "block hash"), r.u32(),
+                r.blob(SIGNATURE_BYTES))
+        r.end()
+        return p
+
+
+@dataclass(frozen=True)
+class DuplicateProposalEvidence:
+    """Two different proposals of one proposer for one (height, round): another block, or the
+    same block with another proof-of-lock round. (CometBFT has no such evidence; a proposer that
+    equivocates only delays its round, but it is a signed fault as much as a double vote.)"""
+
+    proposal_a: SignedProposal
+    proposal_b: SignedProposal
+
+    def check(self, chain_id: str, validators: ValidatorSet) -> None:
+        a, b = self.proposal_a, self.proposal_b
+        if (a.height, a.round, a.validator) != (b.height, b.round, b.validator):
+            raise ValueError("evidence proposals are not for the same round and proposer")
+        if (a.pol_round, a.block_hash) == (b.pol_round, b.block_hash):
+            raise ValueError("evidence proposals are identical")
+        if a.validator >= len(validators):
+            raise ValueError("evidence names an unknown validator")
+        key = validators[a.validator].public_key
+        if not (is_valid_signature(key, a.signature, a.sign_bytes(chain_id))
+                and is_valid_signature(key, b.signature, b.sign_bytes(chain_id))):
+            raise ValueError("evidence signature does not verify")
+
+    def canonical(self) -> "DuplicateProposalEvidence":
+        a, b = sorted((self.proposal_a, self.proposal_b), key=lambda p: (p.block_hash, p.pol_round))
+        return DuplicateProposalEvidence(a, b)
+
+    @property
+    def height(self) -> int:
+        return self.proposal_a.height
+
+    @property
+    def validator(self) -> int:
+        return self.proposal_a.validator
+
+    def encode(self) -> bytes:
+        return (Writer().u8(EVIDENCE_PROPOSALS).blob(self.proposal_a.encode()).blob(self.proposal_b.encode())
+                .done())
+
+
+EVIDENCE_VOTES, EVIDENCE_PROPOSALS = 1, 2
+Evidence = DuplicateVoteEvidence | DuplicateProposalEvidence
+
+
+def read_evidence(r: Reader) -> Evidence:
+    kind = r.u8()
+    if kind == EVIDENCE_VOTES:
+        return DuplicateVoteEvidence(Vote.decode(r.blob(512)), Vote.decode(r.blob(512)))
+    if kind == EVIDENCE_PROPOSALS:
+        return DuplicateProposalEvidence(SignedProposal.decode(r.blob(512)), SignedProposal.decode(r.blob(512)))
+    raise DecodeError(f"unknown evidence kind {kind}")
+
 
 # --------------------------------------------------------------------------- blocks
 
@@ -434,16 +577,18 @@ class BlockHeader:
     last_commit_hash: bytes  # hash of the previous block's commit (empty at height 1)
     data_hash: bytes  # hash of the transactions
     evidence_hash: bytes
-    validators_hash: bytes
+    validators_hash: bytes  # the committee that signs this block's commit
     last_app_hash: bytes  # app hash after the previous block
+    next_validators_hash: bytes  # the committee of the next height (CometBFT's): a light client
+    # learns a changed committee from a header it trusts
 
-    TAG = b"gt/header/v1"
+    TAG = b"gt/header/v2"
 
     def encode(self) -> bytes:
         return (Writer(self.TAG).text(self.chain_id).u64(self.height).u64(self.time_ms)
                 .blob(self.proposer).blob(self.last_block_hash).blob(self.last_commit_hash)
                 .blob(self.data_hash).blob(self.evidence_hash).blob(self.validators_hash)
-                .blob(self.last_app_hash).done())
+                .blob(self.last_app_hash).blob(self.next_validators_hash).done())
 
     @classmethod
     def read(cls, r: Reader) -> "BlockHeader":
@@ -451,8 +596,10 @@ class BlockHeader:
                 r.fixed_or_empty(HASH_BYTES), r.fixed_or_empty(HASH_BYTES),
                 _exact(r.blob(HASH_BYTES), HASH_BYTES, "data hash"),
                 _exact(r.blob(HASH_BYTES), HASH_BYTES, "evidence hash"),
-                _exact(r.blob(HASH_BYTES), HASH_BYTES, "validators hash"), r.blob(HASH_BYTES))
+                _exact(r.blob(HASH_BYTES), HASH_BYTES, "validators hash"), r.blob(HASH_BYTES),
+                _exact(r.blob(HASH_BYTES), HASH_BYTES, "next validators hash"))
         return h
+
 
     @classmethod
     def decode(cls, data: bytes) -> "BlockHeader":
@@ -472,10 +619,10 @@ def txs_hash(txs: tuple[bytes, ...]) -> bytes:
     return sha256(w.done())
 
 
-def evidence_hash(evidence: tuple[DuplicateVoteEvidence, ...]) -> bytes:
-    w = Writer(b"gt/evidence/v1").u32(len(evidence))
+def evidence_hash(evidence: tuple[Evidence, ...]) -> bytes:
+    w = Writer(b"gt/evidence/v2").u32(len(evidence))
     for e in evidence:
-        w.blob(e.vote_a.encode()).blob(e.vote_b.encode())
+        w.blob(e.encode())
     return sha256(w.done())
 
 
@@ -484,9 +631,9 @@ class Block:
     header: BlockHeader
     txs: tuple[bytes, ...] = ()
     last_commit: Commit | None = None  # commit of height - 1 (None at height 1)
-    evidence: tuple[DuplicateVoteEvidence, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
 
-    TAG = b"gt/block/v1"
+    TAG = b"gt/block/v2"
 
     @property
     def height(self) -> int:
@@ -506,7 +653,7 @@ class Block:
         w.blob(self.last_commit.encode() if self.last_commit else b"")
         w.u32(len(self.evidence))
         for e in self.evidence:
-            w.blob(e.vote_a.encode()).blob(e.vote_b.encode())
+            w.blob(e.encode())
         return w.done()
 
     @classmethod
@@ -516,8 +663,7 @@ class Block:
         txs = tuple(r.blob(WIRE.max_tx_bytes) for _ in range(r.count(MAX_TXS_PER_BLOCK)))
         lc = r.blob(WIRE.max_message_bytes)
         last_commit = Commit.decode(lc) if lc else None
-        ev = tuple(DuplicateVoteEvidence(Vote.decode(r.blob(512)), Vote.decode(r.blob(512)))
-                   for _ in range(r.count(MAX_EVIDENCE_PER_BLOCK)))
+        ev = tuple(_evidence_from(r.blob(1100)) for _ in range(r.count(MAX_EVIDENCE_PER_BLOCK)))
         r.end()
         return cls(header, txs, last_commit, ev)
 
@@ -532,12 +678,21 @@ class Block:
             raise ValueError("last commit hash does not match the last commit")
 
 
+def _evidence_from(data: bytes) -> Evidence:
+    r = Reader(data)
+    ev = read_evidence(r)
+    r.end()
+    return ev
+
+
 def make_block(chain_id: str, height: int, time_ms: int, proposer: bytes, last_block_hash: bytes,
                last_commit: Commit | None, txs: tuple[bytes, ...], validators: ValidatorSet,
-               last_app_hash: bytes, evidence: tuple[DuplicateVoteEvidence, ...] = ()) -> Block:
+               last_app_hash: bytes, evidence: tuple[Evidence, ...] = (),
+               next_validators: ValidatorSet | None = None) -> Block:
     header = BlockHeader(chain_id, height, time_ms, proposer, last_block_hash,
                          last_commit.hash() if last_commit else b"", txs_hash(txs),
-                         evidence_hash(evidence), validators.hash(), last_app_hash)
+                         evidence_hash(evidence), validators.hash(), last_app_hash,
+                         (next_validators or validators).hash())
     return Block(header, tuple(txs), last_commit, tuple(evidence))
 
 
@@ -556,8 +711,7 @@ class Proposal:
     TAG = b"gt/proposal/v1"
 
     def sign_bytes(self, chain_id: str) -> bytes:
-        return (Writer(b"gt/sign/proposal/v1").text(chain_id).u64(self.height).u32(self.round)
-                .i64(self.pol_round).blob(self.block.hash()).done())
+        return proposal_sign_bytes(chain_id, self.height, self.round, self.pol_round, self.block.hash())
 
     def encode(self) -> bytes:
         return (Writer(self.TAG).u64(self.height).u32(self.round).i64(self.pol_round)
@@ -578,6 +732,12 @@ class Proposal:
 
     def signed_by(self, chain_id: str, public_key: bytes) -> bool:
         return is_valid_signature(public_key, self.signature, self.sign_bytes(chain_id))
+
+
+def proposal_sign_bytes(chain_id: str, height: int, round_: int, pol_round: int, block_hash: bytes) -> bytes:
+    """What a proposer signs (the one definition: proposals and evidence of them)."""
+    return (Writer(b"gt/sign/proposal/v1").text(chain_id).u64(height).u32(round_).i64(pol_round)
+            .blob(block_hash).done())
 
 
 # --------------------------------------------------------------------------- wire envelope
@@ -614,14 +774,15 @@ class DirectoryProofCodec:
     @staticmethod
     def decode(data: bytes) -> tuple[int, bytes, bytes]:
         r = Reader(data, DirectoryProofCodec.TAG)
-        out = (r.u64(), r.blob(4096), r.blob(WIRE.max_message_bytes))
+        out = (r.u64(), r.blob(HEADER_BYTES), r.blob(WIRE.max_message_bytes))
         r.end()
         return out
 
 
 __all__ = [
     "Block", "BlockHeader", "Commit", "CommitError", "CommitSig", "DecodeError",
-    "DirectoryProofCodec", "DuplicateVoteEvidence", "NIL", "Proposal", "Step", "Validator",
+    "DirectoryProofCodec", "DuplicateProposalEvidence", "DuplicateVoteEvidence", "Evidence", "NIL",
+    "SignedProposal", "Proposal", "Step", "Validator",
     "ValidatorSet", "Vote", "VoteType", "decode_message", "encode_message", "make_block",
     "verify_commit",
 ]

@@ -1,14 +1,20 @@
 """The committee-backed Directory every node works from, and self-registration (ARCHITECTURE.md §3.1).
 
-Reads the registry through a `light_client.CommitteeReader`: any verifier of the genesis may
-answer, the answer is accepted only with a proof (> 2/3 of the genesis committee signed the
-app hash it hashes to), never older than what was accepted before, never certified longer ago
-than `REGISTRY.max_directory_age_s`, and a change of membership or trust is confirmed by a
-second verifier.
+Reads the registry through a `light_client.CommitteeReader`, one proven query at a time
+(gentorrent.ledger.queries): any verifier of the genesis may answer, an answer is accepted only
+with a proof (> 2/3 of the committee of its height, as far as the light client has followed the
+committee from the genesis, signed the app hash it hashes to), never older than
+what was accepted before about the same thing, never certified longer ago than
+`REGISTRY.max_directory_age_s`. No question is the whole registry: the directory holds what this
+node uses, and `users()` / `models()` are what it holds: a sample of relays of its region drawn
+at indices it chose itself (fresh at each path renewal, or at every refresh while its region is
+small), the records of peers it met (`user`, `model`: by node id, kept `peer_ttl_s`), and the
+rosters of the model groups it follows (`follow`: the models it asks, or its own group),
+refreshed as the changes since the height it holds.
 
 A node registers itself (`register_user`, `register_model`): it signs a register (or update)
-transaction with its identity, advertised address, TLS certificate, onion key and region or
-model and capacity, submits it to a random verifier, and waits until the checked directory
+transaction with its identity, advertised address, onion key (peers pin TLS by the identity key)
+and region or model and capacity, submits it to a random verifier, and waits until the checked directory
 lists exactly that record. From then on it renews its lease `renewals_per_lease` times per
 lease (the genesis says how long a lease is) with a small `renew_lease` transaction, and
 re-registers if its record expired anyway (a long partition). A node that stops renewing
@@ -24,29 +30,34 @@ import asyncio
 import json
 import logging
 import random
+import secrets
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import grpc
 
 from gentorrent.channels import ChannelPool
-from gentorrent.config import REGISTRY, WIRE, RegistryParams
+from gentorrent.config import CLOVES, REGISTRY, WIRE, RegistryParams
 from gentorrent.crypto.keys import Identity
-from gentorrent.ledger import txs
-from gentorrent.ledger.genesis import Genesis
-from gentorrent.ledger.light_client import DirectoryRejected, LightClient, committee_reader
-from gentorrent.ledger.sections import DirectorySnapshot, ModelRecord, UserRecord
+from gentorrent.ledger import pow as pow_rule, queries, txs
+from gentorrent.ledger.genesis import Genesis, GenesisValidator
+from gentorrent.ledger.light_client import DirectoryRejected, HeldChanged, LightClient, committee_reader
+from gentorrent.ledger.sections import ModelRecord, UserRecord
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 
-#: verifier node refusals that mean "already on its way", not "refused" (verifier.consensus.node)
+#: verifier node refusals that mean "already on its way", not "refused" (verifier.consensus.node: its mempool)
 CODE_IN_MEMPOOL = 91
+#: in a node's home: the committee headers its light client verified (light_client.Committee.encode_trust)
+TRUST_FILE = "light_client.trust"
 #: registry refusals a retry cannot fix: the node must change something first
 FINAL_REFUSALS = frozenset({txs.CODE_ADDRESS_TAKEN, txs.CODE_INVALID_FIELD, txs.CODE_WRONG_CHAIN,
-                            txs.CODE_BAD_SIGNATURE, txs.CODE_MALFORMED, txs.CODE_OVERSIZE})
+                            txs.CODE_BAD_SIGNATURE, txs.CODE_MALFORMED, txs.CODE_OVERSIZE, txs.CODE_PREFIX_FULL,
+                            txs.CODE_BAD_POW, txs.CODE_NOT_LISTED})
 
 Record = UserRecord | ModelRecord
 
@@ -66,36 +77,49 @@ def kind_of(record: Record) -> str:
     return "user" if isinstance(record, UserRecord) else "model"
 
 
-def listed(directory: DirectorySnapshot | None, record: Record) -> Record | None:
-    """This node's record as the directory holds it (same kind), or None."""
-    if directory is None:
-        return None
-    return directory.user(record.node_id) if isinstance(record, UserRecord) else directory.model(record.node_id)
-
-
 def same_registration(record: Record, registered: Record | None) -> bool:
     """Whether the registry already holds what this node would register (all but standing
     and heights, which are the committee's)."""
     if registered is None:
         return False
-    common = ("address", "onion_key", "tls_cert_pem")
-    extra = ("region",) if isinstance(record, UserRecord) else ("model", "capacity")
+    common = ("address", "onion_key")
+    extra = ("region",) if isinstance(record, UserRecord) else ("model", "capacity", "weights_digest")
     return all(getattr(record, f) == getattr(registered, f) for f in common + extra)
 
 
 def registration_tx(identity: Identity, record: Record, registered: Record | None, sequence: int,
-                    chain_id: str) -> bytes:
-    """The transaction that brings the registry to `record`: register when it holds nothing,
-    update when it holds something else, renew when it already holds exactly this."""
+                    chain_id: str, pow_nonce: int = 0) -> bytes:
+    """The transaction that brings the registry to `record`: register (with the proof of work
+    `pow_nonce` for this key) when it holds nothing, update when it holds something else, renew
+    when it already holds exactly this."""
     if same_registration(record, registered):
         return txs.renew_lease(identity, sequence, chain_id=chain_id)
     if isinstance(record, UserRecord):
-        build = txs.update_user if registered is not None else txs.register_user
-        return build(identity, record.address, record.onion_key, record.tls_cert_pem, record.region, sequence,
-                     chain_id=chain_id)
-    build = txs.update_model if registered is not None else txs.register_model
-    return build(identity, record.address, record.model, record.capacity, record.tls_cert_pem, sequence,
-                 record.onion_key, chain_id=chain_id)
+        if registered is not None:
+            return txs.update_user(identity, record.address, record.onion_key, record.region, sequence,
+                                   chain_id=chain_id)
+        return txs.register_user(identity, record.address, record.onion_key, record.region, sequence,
+                                 chain_id=chain_id, pow_nonce=pow_nonce)
+    if registered is not None:
+        return txs.update_model(identity, record.address, record.model, record.capacity, sequence, record.onion_key,
+                                chain_id=chain_id, weights_digest=record.weights_digest)
+    return txs.register_model(identity, record.address, record.model, record.capacity, sequence, record.onion_key,
+                              chain_id=chain_id, pow_nonce=pow_nonce, weights_digest=record.weights_digest)
+
+
+def _newest(records: list) -> list:
+    """One record per node id: the one changed last (a sample and a lookup may hold two)."""
+    held: dict[bytes, Record] = {}
+    for r in records:
+        if r.node_id not in held or r.updated_height >= held[r.node_id].updated_height:
+            held[r.node_id] = r
+    return list(held.values())
+
+
+def standing(roster: list[ModelRecord]) -> frozenset[tuple[bytes, bool]]:
+    """Who is in a group and whether each is trusted: what a second verifier must confirm when
+    it changes (a reputation that moves within trust needs no second answer)."""
+    return frozenset((m.node_id, m.trusted) for m in roster)
 
 
 def renew_interval_s(lease_ms: int, params: RegistryParams = REGISTRY) -> float:
@@ -110,7 +134,8 @@ class CommitteeDirectory:
 
     def __init__(self, genesis: Genesis, identity: Identity, timeout: float = WIRE.rpc_timeout_s, *,
                  params: RegistryParams = REGISTRY, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, roster_refresh_s: float | None = None,
+                 trust_file: Path | None = None) -> None:
         self.genesis = genesis
         self.identity = identity
         self.timeout = timeout
@@ -118,44 +143,134 @@ class CommitteeDirectory:
         self.rng = rng or random.Random()
         self.clock = clock
         self.channels = ChannelPool()  # to the verifiers, kept open
-        self.reader = committee_reader(genesis, timeout, self.channels,
+        self.reader = committee_reader(genesis, timeout, self.channels, trust_file,
                                        client=LightClient(int(params.max_directory_age_s * 1000)),
                                        rng=self.rng, now_ms=lambda: int(self.clock() * 1000))
         self.registered: Record | None = None  # what this node keeps registered
         self.renewals = 0
+        self.seen_height = 0  # the highest height an accepted answer was certified at
+        self.region = ""  # the region whose relays this node samples (its own)
+        self.roster_refresh_s = params.user_roster_refresh_s if roster_refresh_s is None else roster_refresh_s
+        self._sample: list[UserRecord] = []
+        self._sample_at = float("-inf")
+        self._region_count = 0
+        self._users: dict[bytes, tuple[UserRecord | None, float]] = {}
+        self._models: dict[bytes, tuple[ModelRecord | None, float]] = {}
+        self._rosters: dict[str, tuple[list[ModelRecord], int, float]] = {}
+        self._pow_nonce: int | None = None  # the proof of work for this key, once computed
         self._last_sequence = 0
         self._renewal: asyncio.Task | None = None
 
     @classmethod
-    def from_args(cls, genesis_file: str, home: Path) -> "CommitteeDirectory":
+    def from_args(cls, genesis_file: str, home: Path, **kwargs) -> "CommitteeDirectory":
         from gentorrent.crypto.keys import NodeKeys
 
-        return cls(Genesis.load(Path(genesis_file)), NodeKeys.load_or_create(Path(home)).identity)
+        kwargs.setdefault("trust_file", Path(home) / TRUST_FILE)
+        return cls(Genesis.load(Path(genesis_file)), NodeKeys.load_or_create(Path(home)).identity, **kwargs)
 
     # ------------------------------------------------------------------ reading
 
-    @property
-    def current(self) -> DirectorySnapshot | None:
-        return self.reader.client.current
+    def members_now(self) -> list[GenesisValidator]:
+        """The committee members this node can reach now: of the verifiers it knows (the genesis'
+        and those it learned), the ones in the committee it followed last (where audits go)."""
+        return self.reader.members_now()
 
     @property
     def height(self) -> int:
-        return self.current.height if self.current else 0
+        """The height this node's view is at: that of its oldest followed roster (what its asks
+        choose from), else the newest answer it accepted."""
+        if self._rosters:
+            return min(height for _, height, _ in self._rosters.values())
+        return self.seen_height
 
     def users(self) -> list[UserRecord]:
-        return list(self.current.users) if self.current else []
+        """The user records this node holds: its relay sample and the peers it looked up."""
+        return _newest(self._sample + [u for u, _ in self._users.values() if u is not None])
 
     def models(self) -> list[ModelRecord]:
-        return list(self.current.models) if self.current else []
+        """The model records this node holds: the rosters it follows and the nodes it looked up."""
+        return _newest([m for roster in self._rosters.values() for m in roster[0]]
+                       + [m for m, _ in self._models.values() if m is not None])
 
-    async def refresh(self) -> None:
-        """Fetch and check the directory; on failure keep the last good one and say why."""
+    async def _ask(self, query, subject: str | None = None, confirm: bool | Callable = False, **kwargs):
+        answer = await self.reader.ask(query, subject, confirm, **kwargs)
+        self.seen_height = max(self.seen_height, answer.height)
+        return answer
+
+    async def refresh(self, region: str | None = None) -> None:
+        """Bring what this node holds up to date: its relay sample when it is old (or its region
+        small), the rosters it follows when they are. On failure keep what it holds and say why."""
+        now = time.monotonic()
         try:
-            await self.reader.refresh()
+            region = region or self.region
+            if region and (now - self._sample_at > CLOVES.path_renewal_s
+                           or self._region_count <= 3 * self.params.relay_sample):
+                await self.sample_relays(region)
+            for model, (held, _, at) in list(self._rosters.items()):
+                if now - at >= self.roster_refresh_s or not any(m.trusted for m in held):
+                    await self.roster(model)  # a group with no trusted node yet: one may have joined
         except DirectoryRejected as exc:
             log.warning("directory not refreshed: %s", exc)
-            if self.current is None:
+            if not self._sample and not self._rosters:
                 raise
+
+    async def sample_relays(self, region: str) -> list[UserRecord]:
+        """A fresh uniform sample of relays of `region` at indices drawn here."""
+        draws = tuple(secrets.randbits(64) for _ in range(self.params.relay_sample))
+        answer = await self._ask(queries.RelaySample(region, draws), f"relays:{region}")
+        self._region_count, records = answer.result
+        self.region = region
+        self._sample = [r for r in {r.node_id: r for r in records}.values() if r.node_id != self.identity.node_id]
+        self._sample_at = time.monotonic()
+        return self._sample
+
+    async def follow(self, model: str) -> list[ModelRecord]:
+        """The roster of `model`, fetched now if this node does not hold it, then kept fresh."""
+        if model in self._rosters:
+            return self._rosters[model][0]
+        return await self.roster(model)
+
+    async def roster(self, model: str) -> list[ModelRecord]:
+        """The complete roster of `model` (the changes since the height held, when one is). An
+        answer that changes who is in the group or who is trusted (or a first one) is confirmed
+        by a second verifier, the newer of the two kept: a replay of an older state cannot hide
+        a verdict behind one answer."""
+        held = self._rosters.get(model)
+        since = held[1] if held else 0
+        query = queries.Roster(model, since)
+        kwargs = {"held": {m.node_id: m for m in held[0]}} if held else {}
+        confirm = (lambda answer: standing(answer.result) != standing(held[0])) if held else True
+        try:
+            try:
+                answer = await self._ask(query, f"roster:{model}", confirm=confirm, **kwargs)
+            except HeldChanged:  # a member it holds left: unchanged ones one by one, not in subtrees
+                answer = await self._ask(replace(query, subtrees=False), f"roster:{model}", confirm=confirm, **kwargs)
+        except DirectoryRejected:
+            if not held:
+                raise
+            answer = await self._ask(queries.Roster(model), f"roster:{model}", confirm=True)  # a full one
+        self._rosters[model] = (answer.result, answer.height, time.monotonic())
+        return answer.result
+
+    async def user(self, node_id: bytes, fresh: bool = False) -> UserRecord | None:
+        """The user record of `node_id` (a peer met on a link), or None when it has none."""
+        return await self._lookup(self._users, queries.UserLookup(node_id), fresh)
+
+    async def model(self, node_id: bytes, fresh: bool = False) -> ModelRecord | None:
+        return await self._lookup(self._models, queries.ModelLookup(node_id), fresh)
+
+    async def _lookup(self, cache: dict, query, fresh: bool):
+        held = cache.get(query.node_id)
+        ttl = self.params.peer_ttl_s if held is not None and held[0] is not None else self.params.absent_ttl_s
+        if held is not None and not fresh and time.monotonic() - held[1] < ttl:
+            return held[0]
+        record = (await self._ask(query)).result
+        cache[query.node_id] = (record, time.monotonic())
+        return record
+
+    async def catalog(self) -> dict[str, tuple[int, int]]:
+        """The model names served, each with (nodes, trusted nodes)."""
+        return (await self._ask(queries.Catalog())).result
 
     # ------------------------------------------------------------------ registering
 
@@ -171,6 +286,8 @@ class CommitteeDirectory:
         cannot be reached within `register_timeout_s`."""
         if record.node_id != self.identity.node_id:
             raise RegistrationError("a node registers only itself")
+        if isinstance(record, UserRecord):
+            self.region = record.region  # the relays it samples are its region's
         deadline = time.monotonic() + self.params.register_timeout_s
         while True:
             try:
@@ -191,36 +308,55 @@ class CommitteeDirectory:
         """Submit the tx that brings the registry to `record`; the directory height it was
         decided on. CommitteeUnreachable, or RegistrationError for a final refusal."""
         try:
-            await self.reader.refresh()
+            mine = await self.listed(record)
         except DirectoryRejected as exc:
             raise CommitteeUnreachable(str(exc)) from exc
-        current = self.current
-        tx = registration_tx(self.identity, record, listed(current, record), self._next_sequence(),
-                             self.genesis.chain_id)
+        nonce = await self.proof_of_work() if mine is None else 0
+        tx = registration_tx(self.identity, record, mine, self._next_sequence(), self.genesis.chain_id, nonce)
         code, text = await self.submit(tx)
         if code == txs.CODE_REPLAY:  # this identity signed with a higher sequence before (clock skew)
             self._last_sequence = await self._account_sequence()
-            tx = registration_tx(self.identity, record, listed(current, record), self._next_sequence(),
-                                 self.genesis.chain_id)
+            tx = registration_tx(self.identity, record, mine, self._next_sequence(), self.genesis.chain_id, nonce)
             code, text = await self.submit(tx)
         if code in (txs.CODE_OK, CODE_IN_MEMPOOL):
-            return current.height if current else 0
+            return self.seen_height
         if code in FINAL_REFUSALS:
             raise RegistrationError(f"the committee refused to register this {kind_of(record)} node at "
                                     f"{record.address}: {text}")
         raise CommitteeUnreachable(f"code {code}: {text}")
 
+    async def proof_of_work(self) -> int:
+        """The genesis' proof of work for this key (gentorrent.ledger.pow): computed once, off
+        the event loop (2^bits Argon2id attempts), and reused for every later registration."""
+        if self._pow_nonce is None:
+            params = self.genesis.rules.pow
+            if params.bits:
+                log.info("computing the registration's proof of work (%d bits, about %d Argon2id attempts)",
+                         params.bits, params.expected_attempts)
+            self._pow_nonce = await asyncio.to_thread(pow_rule.solve, params, self.genesis.chain_id,
+                                                      self.identity.public_key)
+        return self._pow_nonce
+
+    async def listed(self, record: Record) -> Record | None:
+        """This node's record as the committee holds it now (same kind), or None."""
+        if isinstance(record, UserRecord):
+            return await self.user(record.node_id, fresh=True)
+        return await self.model(record.node_id, fresh=True)
+
     async def _wait_listed(self, record: Record, after_height: int) -> None:
         deadline = time.monotonic() + self.params.commit_timeout_s
         while True:
-            await self.refresh()
-            mine = listed(self.current, record)
-            if self.height > after_height and same_registration(record, mine):
+            try:
+                mine = await self.listed(record)
+            except DirectoryRejected as exc:
+                log.warning("waiting for the registration to be listed: %s", exc)
+                mine = None
+            if self.seen_height > after_height and same_registration(record, mine):
                 return
             if time.monotonic() > deadline:
                 raise RegistrationError(f"the registration of {record.address} was accepted but is not in the "
                                         f"committee's directory after {self.params.commit_timeout_s:.0f} s "
-                                        f"(height {self.height})")
+                                        f"(height {self.seen_height})")
             await asyncio.sleep(0.5)
 
     # ------------------------------------------------------------------ leases
@@ -275,6 +411,21 @@ class CommitteeDirectory:
         CommitteeUnreachable if none answers."""
         reply = await self._ask_any(lambda stub: stub.SubmitTx(pb.TxRequest(tx=tx), timeout=self.timeout))
         return reply.code, reply.log
+
+    async def submit_signed(self, build: Callable[[int], bytes]) -> tuple[int, str]:
+        """Submit the tx `build(sequence)` signs (a fresh sequence; once more with the account's
+        next one if this identity signed a higher one before): (code, log)."""
+        code, text = await self.submit(build(self._next_sequence()))
+        if code == txs.CODE_REPLAY:
+            self._last_sequence = await self._account_sequence()
+            code, text = await self.submit(build(self._next_sequence()))
+        return code, text
+
+    async def catalogue(self) -> list[dict]:
+        """The committee's model catalogue (gentorrent.ledger.catalogue), as one verifier says it:
+        what operators read; the registry's rule, not this read, is what holds nodes to it."""
+        reply = await self._ask_any(lambda stub: stub.Query(pb.QueryRequest(path="/catalogue"), timeout=self.timeout))
+        return json.loads(reply.value or b"[]")
 
     async def _account_sequence(self) -> int:
         path = f"/account/{self.identity.public_key.hex()}"

@@ -26,11 +26,23 @@ class DirectoryError(ValueError):
 
 
 class Directory(Protocol):
+    """What a role reads of the registry: only what it uses (ARCHITECTURE.md §3.1). `users()` and
+    `models()` are the records this node holds (a relay sample, peers met, followed rosters),
+    never the whole registry; `refresh` brings them up to date."""
+
     def users(self) -> list[UserRecord]: ...
 
     def models(self) -> list[ModelRecord]: ...
 
     async def refresh(self) -> None: ...
+
+    async def follow(self, model: str) -> list[ModelRecord]:
+        """The roster of `model`, held from now on and kept fresh by `refresh`."""
+
+    async def user(self, node_id: bytes) -> UserRecord | None:
+        """A peer's user record by node id (looked up when not held), or None."""
+
+    async def model(self, node_id: bytes) -> ModelRecord | None: ...
 
     async def register_user(self, record: UserRecord) -> None: ...
 
@@ -46,7 +58,6 @@ def _encode(record: UserRecord | ModelRecord) -> dict:
     d = asdict(record)
     for name in _BYTES_HEX:
         d[name] = d[name].hex()
-    d["tls_cert_pem"] = d["tls_cert_pem"].decode()
     return d
 
 
@@ -55,7 +66,6 @@ def _decode(cls, d: dict):
         fields = dict(d)
         for name in _BYTES_HEX:
             fields[name] = bytes.fromhex(fields[name])
-        fields["tls_cert_pem"] = fields["tls_cert_pem"].encode()
         return cls(**fields)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DirectoryError(f"malformed {cls.__name__} entry: {exc}") from exc
@@ -84,6 +94,17 @@ class StaticDirectory:
 
     async def refresh(self) -> None:
         self._load()
+
+    async def follow(self, model: str) -> list[ModelRecord]:
+        return [m for m in self._models if m.model == model]
+
+    async def user(self, node_id: bytes) -> UserRecord | None:
+        self._load()
+        return next((u for u in self._users if u.node_id == node_id), None)
+
+    async def model(self, node_id: bytes) -> ModelRecord | None:
+        self._load()
+        return next((m for m in self._models if m.node_id == node_id), None)
 
     async def register_user(self, record: UserRecord) -> None:
         self._update(lambda doc: _upsert(doc.setdefault("users", []), _encode(record)))

@@ -14,12 +14,20 @@ Shape (all fields required unless marked):
         {"name": "v0", "public_key": "<base64 Ed25519, 32 B>", "power": 10,
          "address": "127.0.0.1:7000", "tls_cert_pem": "-----BEGIN CERTIFICATE-----..."}
       ],
-      "app_state": {"registry": {"lease_s": 300}}   (optional JSON object, given to InitChain)
+      "app_state": {"registry": {"lease_s": 300}, "epochs": {...}, "reputation": {...}}
     }
 
-`app_state.registry.lease_s` (optional; default and bounds in `config.REGISTRY`) is how long a
-node's registration lasts without renewal: the application expires records with it, and nodes
-read it here to know how often to renew (ARCHITECTURE.md §3.1).
+`app_state` (optional JSON object, given to InitChain) holds the parameters of the committee's
+replicated rules (gentorrent/ledger/chain_params.py). `app_state.registry` holds the registry's
+rules (`RegistryRules`; every key optional): `lease_s` (default and bounds in `config.REGISTRY`)
+is how long a node's registration lasts without renewal: the application expires records with
+it, and nodes read it here to know how often to renew (ARCHITECTURE.md §3.1); `pow_bits` and
+`pow_memory_kib` the proof of work a registration carries (gentorrent.ledger.pow);
+`relays_per_24` and `relays_per_48` how many relays one IPv4 /24 or IPv6 /48 may register (0: no
+cap); `distinct_path_prefixes` whether a path takes at most one relay per IPv4 /16 or IPv6 /32;
+`registrations_per_block` how many registrations one block may carry. A key left out switches
+its rule off (a test chain); `gt-verifier init` writes the production rules, or the devnet's for
+a committee on loopback.
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gentorrent.config import REGISTRY
 from gentorrent.ledger.chain import Validator, ValidatorSet
+from gentorrent.ledger.chain_params import ChainParams, ChainParamsError, RegistryRules
 from gentorrent.crypto.keys import PUBLIC_KEY_BYTES, node_id_of
 
 GENESIS_FILE = "genesis.json"
@@ -121,12 +129,26 @@ class Genesis:
         keys = [v.public_key for v in self.validators]
         if len(set(keys)) != len(keys):
             raise GenesisError("duplicate validator public key")
-        lease_ms_of(self.app_state)  # a bad lease stops here, not in every node's InitChain
+        self.params  # noqa: B018 - a bad parameter stops here, not in every node's InitChain
+        catalogue_of(self.app_state)  # and so does a bad catalogue
+
+    @property
+    def params(self) -> ChainParams:
+        """The parameters of this chain's replicated rules."""
+        try:
+            return ChainParams.from_app_state(self.app_state)
+        except ChainParamsError as exc:
+            raise GenesisError(str(exc)) from exc
 
     @property
     def lease_ms(self) -> int:
         """How long a registration lasts without renewal on this chain."""
-        return lease_ms_of(self.app_state)
+        return self.params.lease_ms
+
+    @property
+    def rules(self) -> RegistryRules:
+        """The registry's rules on this chain (renewals, proofs of work, path choice)."""
+        return self.params.registry
 
     def validator_set(self) -> ValidatorSet:
         """The consensus committee, in genesis order (vote indices refer to it)."""
@@ -196,18 +218,32 @@ class Genesis:
         path.write_text(self.dumps())
 
 
+def loopback_pow_nonce(chain_id: str, public_key: bytes) -> int:
+    """The proof of work of a key on a committee `gt-verifier init` made on loopback (what tests
+    and benchmarks that sign registrations by hand must carry)."""
+    from gentorrent.ledger.pow import solve
+
+    return solve(RegistryRules.loopback().pow, chain_id, public_key)
+
+
 def lease_ms_of(app_state: Any) -> int:
-    """The registration lease of a genesis app_state, in ms (the one reading of it, for the
-    application's InitChain and for every node that renews)."""
-    registry = app_state.get("registry", {}) if isinstance(app_state, dict) else {}
-    if not isinstance(registry, dict) or set(registry) - {"lease_s"}:
-        raise GenesisError('app_state.registry must be an object with at most the key "lease_s"')
-    lease_s = registry.get("lease_s", REGISTRY.lease_s)
-    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or \
-            not REGISTRY.min_lease_s <= lease_s <= REGISTRY.max_lease_s:
-        raise GenesisError(f"app_state.registry.lease_s must be a number of seconds in "
-                           f"{REGISTRY.min_lease_s:g}..{REGISTRY.max_lease_s:g}")
-    return int(lease_s * 1000)
+    """The registration lease of a genesis app_state, in ms."""
+    try:
+        return ChainParams.from_app_state(app_state).lease_ms
+    except ChainParamsError as exc:
+        raise GenesisError(str(exc)) from exc
+
+
+def catalogue_of(app_state: Any) -> list:
+    """The model catalogue a genesis app_state lists (gentorrent.ledger.catalogue); GenesisError
+    naming what is wrong."""
+    from gentorrent.ledger.catalogue import entries_of_app_state
+    from gentorrent.ledger.signed_tx import TxError
+
+    try:
+        return entries_of_app_state(app_state)
+    except TxError as exc:
+        raise GenesisError(str(exc)) from None
 
 
 def _str(obj: dict, key: str) -> str:

@@ -1,14 +1,13 @@
 """Who a peer is: the registry as a connection sees it.
 
 Pinning is by node id (ARCHITECTURE.md §3.1-3.2). A connection names the node it wants
-(`ChannelPool.to(peer)`), and the only certificate it accepts is the one the registry holds for
-that node id; the address is only where to dial. So a second registration of somebody's
-address cannot redirect traffic meant for them: the attacker's certificate is not the one
-pinned for the node the connection names. `PeerIndex` is the registry seen this way: node id
--> (role, address, certificate), and certificate -> node id for servers that must say who
-called them (a predecessor is a certificate, not a claimed address). A record whose
-certificate names another node id (`tls.cert_node_id`) is left out, so one certificate never
-stands for two nodes.
+(`ChannelPool.to(peer)`), and the only certificates it accepts are those signed by the Ed25519
+key the registry holds for that node id (gentorrent.crypto.tls); the address is only where to
+dial. So a second registration of somebody's address cannot redirect traffic meant for them:
+the attacker cannot sign for the key pinned for the node the connection names. `PeerIndex` is
+the registry seen this way: node id -> (role, address, key), and the caller of a server is the
+registered node whose key signed the leaf certificate it presented (a predecessor is a key, not
+a claimed address).
 """
 
 from __future__ import annotations
@@ -25,13 +24,12 @@ MODEL = "model"
 
 @dataclass(frozen=True)
 class Peer:
-    """A registered node as a connection sees it: who (node id), what, where, which certificate."""
+    """A registered node as a connection sees it: who (node id), what, where, which key."""
 
     node_id: str  # hex
     role: str  # USER (runs a relay) or MODEL
     address: str
-    cert_pem: bytes
-    public_key: bytes = b""  # Ed25519: what a model node checks a proxy's signed hello with
+    public_key: bytes  # Ed25519: what its certificates and its signed hellos are checked with
 
 
 #: node id (hex) -> the registered peer, or None
@@ -39,35 +37,57 @@ PeerLookup = Callable[[str], "Peer | None"]
 
 
 class PeerIndex:
-    """The directory by node id and by certificate, rebuilt when the directory changes."""
+    """The peers this node holds by node id, rebuilt from the directory; others looked up by id."""
 
-    def __init__(self, directory: Directory, on_miss: Callable[[], None] | None = None) -> None:
-        """`on_miss` is called when a lookup finds nothing: the node may want to re-read a
-        directory in which a peer that just registered is missing."""
+    def __init__(self, directory: Directory) -> None:
+        """A node this index does not hold yet is looked up by id (`resolve`)."""
         self.directory = directory
-        self.on_miss = on_miss
         self.version = 0
         self._by_id: dict[str, Peer] = {}
-        self._by_cert: dict[bytes, str] = {}
-        self._roots_sent = -1
         self.rebuild()
 
     def rebuild(self) -> None:
         by_id: dict[str, Peer] = {}
         for role, records in ((USER, self.directory.users()), (MODEL, self.directory.models())):
             for r in records:
-                if tls.cert_node_id(r.tls_cert_pem) != r.node_id_hex:
-                    continue  # a certificate naming another node: never pinned, never admitted
-                by_id[r.node_id_hex] = Peer(r.node_id_hex, role, r.address, r.tls_cert_pem, r.public_key)
+                by_id[r.node_id_hex] = Peer(r.node_id_hex, role, r.address, r.public_key)
         if by_id != self._by_id:
             self._by_id = by_id
-            self._by_cert = {tls.fingerprint(p.cert_pem): p.node_id for p in by_id.values()}
             self.version += 1
 
     def get(self, node_id: str) -> Peer | None:
+        return self._by_id.get(node_id)
+
+    async def resolve(self, node_id: str) -> Peer | None:
+        """The peer `node_id`, looked up in the registry (by node id, with a proof) when this
+        node does not hold it yet: a node met on a link, never the whole registry."""
         peer = self._by_id.get(node_id)
-        if peer is None and self.on_miss is not None:
-            self.on_miss()
+        if peer is not None:
+            return peer
+        try:
+            raw = bytes.fromhex(node_id)
+        except ValueError:
+            return None
+        if len(raw) != 32:
+            return None
+        for role, lookup in ((USER, self.directory.user), (MODEL, self.directory.model)):
+            try:
+                record = await lookup(raw)
+            except Exception:  # noqa: BLE001 - the committee out of reach: a miss, as before
+                return None
+            if record is not None:
+                peer = Peer(record.node_id_hex, role, record.address, record.public_key)
+                self._by_id[node_id] = peer
+                self.version += 1
+                return peer
+        return None
+
+    async def identify_caller(self, cert_pem: bytes | None) -> Peer | None:
+        """`identify`, looking up the node the caller's leaf names when it is not held yet."""
+        peer = self.identify(cert_pem)
+        node_id = tls.leaf_node_id(cert_pem) if cert_pem and peer is None else None
+        if node_id is not None and await self.resolve(node_id) is not None:
+            peer = self.identify(cert_pem)
         return peer
 
     def user(self, node_id: str) -> Peer | None:
@@ -79,18 +99,10 @@ class PeerIndex:
         return peer if peer is not None and peer.role == MODEL else None
 
     def identify(self, cert_pem: bytes | None) -> Peer | None:
-        """The registered node that presented `cert_pem` in a TLS handshake, or None. Compared
-        by fingerprint (SHA-256 of the DER), not by PEM text, which encoders lay out differently."""
-        try:
-            node_id = self._by_cert.get(tls.fingerprint(cert_pem)) if cert_pem else None
-        except tls.TlsError:
+        """The registered node whose key signed the leaf `cert_pem` a caller presented in its
+        TLS handshake, or None (a stranger, or a leaf signed by another key than its node's)."""
+        node_id = tls.leaf_node_id(cert_pem) if cert_pem else None
+        peer = self.get(node_id) if node_id else None
+        if peer is None or not tls.leaf_signed_by(cert_pem, peer.public_key):
             return None
-        return self._by_id.get(node_id) if node_id else None
-
-    def client_roots(self) -> bytes | None:
-        """For tls.server_credentials: every registered certificate, or None if unchanged
-        since the last call (gRPC then keeps the roots it has)."""
-        if self._roots_sent == self.version:
-            return None
-        self._roots_sent = self.version
-        return b"".join(sorted(p.cert_pem for p in self._by_id.values())) or None
+        return peer

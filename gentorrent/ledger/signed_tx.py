@@ -46,6 +46,10 @@ CODE_UNAUTHORIZED = 8  # a committee-only kind signed by a non-member
 CODE_UNKNOWN_KIND = 9  # no kind set, or a kind this version does not know
 CODE_WRONG_CHAIN = 10  # signed for another chain id
 CODE_ADDRESS_TAKEN = 11  # another node holds the address (one address, one node)
+CODE_NOT_LISTED = 12  # a registration's weights are not the catalogue's for its model name
+CODE_PREFIX_FULL = 13  # the genesis' cap of relays in the address's /24 (IPv4) or /48 (IPv6) is reached
+CODE_BAD_POW = 14  # a registration without a valid proof of work (gentorrent/ledger/pow.py)
+CODE_BLOCK_FULL = 15  # the block carries the genesis' most registrations already: next block
 
 MAX_SEQUENCE = 2**63 - 1  # fits SQLite's signed 64-bit integers
 
@@ -56,6 +60,31 @@ class TxError(ValueError):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
+
+
+class VerifiedTxs:
+    """Transactions (by hash) whose signature, and proof of work if any, were checked already:
+    what CheckTx checked, FinalizeBlock need not check again at full cost. Only a speed-up: an
+    entry exists only for exact bytes that passed every stateless check on this node, so the
+    result of a transaction never depends on what is cached; a Byzantine proposer's transactions
+    that no mempool here saw are checked in full (and their number is bounded per block by the
+    genesis' registrations_per_block, the expensive ones). Bounded: the oldest entries go first."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._txs: dict[bytes, object] = {}
+        self.hits = 0
+
+    def get(self, digest: bytes):
+        tx = self._txs.get(digest)
+        if tx is not None:
+            self.hits += 1
+        return tx
+
+    def add(self, digest: bytes, tx: object) -> None:
+        if digest not in self._txs and len(self._txs) >= self.limit:
+            del self._txs[next(iter(self._txs))]
+        self._txs[digest] = tx
 
 
 def tx_hash(raw: bytes) -> bytes:

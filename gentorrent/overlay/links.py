@@ -341,10 +341,10 @@ class LinkHub:
         await link.run(context.read, context.write)
 
     async def serve_with_hello(self, context, callers: PeerLookup,
-                               refresh: Callable[[], Awaitable[None]] | None = None) -> None:
+                               resolve: Callable[[str], Awaitable[object]] | None = None) -> None:
         """Run an incoming link on a model node: challenge, check the signed hello against the
-        caller's registered key (`callers`: registered user nodes; `refresh` re-reads the
-        directory once if the caller is not in it: it may just have registered), then serve."""
+        caller's registered key (`callers`: registered user nodes; `resolve` looks the caller up
+        by node id once if this node does not hold it: it may just have registered), then serve."""
         nonce = secrets.token_bytes(NONCE_BYTES)
         await context.write(pb.LinkFrame(challenge=pb.LinkChallenge(nonce=nonce)))
         try:
@@ -352,8 +352,9 @@ class LinkHub:
         except asyncio.TimeoutError:
             first = None
         peer = self._check_hello(first, nonce, callers)
-        if peer is None and refresh is not None and first is not None and first is not grpc.aio.EOF:
-            await refresh()
+        if peer is None and resolve is not None and first is not None and first is not grpc.aio.EOF \
+                and first.WhichOneof("body") == "hello" and len(first.hello.node_id) == 32:
+            await resolve(first.hello.node_id.hex())
             peer = self._check_hello(first, nonce, callers)
         if peer is None:
             self.drops.count(DropReason.UNAUTHENTICATED)

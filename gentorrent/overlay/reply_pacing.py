@@ -41,7 +41,9 @@ def merge_chunks(chunks: list[pb.GenerateChunk]) -> pb.GenerateChunk:
         merged.text += chunk.text
         merged.token_ids.extend(chunk.token_ids)
         merged.logprobs.extend(chunk.logprobs)
-        for name in ("served_by", "finish_reason", "error"):
+        merged.top_logprobs.extend(chunk.top_logprobs)
+        merged.tool_calls.extend(chunk.tool_calls)
+        for name in ("served_by", "finish_reason", "error", "max_model_len"):
             if getattr(chunk, name):
                 setattr(merged, name, getattr(chunk, name))
         if chunk.HasField("receipt"):

@@ -16,7 +16,7 @@ Shapes (weights in TrafficParams.shape_weights):
 Client profiles (weights in TrafficParams.client_weights), each from the client's own defaults:
     chat_ui        chat front-ends: streamed, temperature 0.7-1.0, top_p 0.9-1, max_tokens unset or large
     openai_sdk     a script that sets nothing: temperature 1, top_p 1, the API's max_tokens, rarely streamed
-    gt_user        `gt-user ask` (USER_API): temperature 1, top_p 1, 256 tokens, streamed
+    gt_user        `gt-user ask` (USER_API): temperature 1, top_p 1, USER_API.max_tokens, streamed
     deterministic  apps that want repeatable output: temperature 0, not streamed
     tuned          callers who set their own numbers: temperature 0.2-1.2, max_tokens 128-1000
 """
@@ -35,7 +35,7 @@ from gentorrent.traffic.corpus import Conversation
 from gentorrent.wire import gentorrent_pb2 as pb
 
 __all__ = ["ChatRequest", "TrafficPool", "Drawn", "draw", "SHAPES", "CLIENTS", "COMMON_SYSTEM_PROMPTS",
-           "looks_like_code", "TrafficError"]
+           "looks_like_code", "TrafficError", "weighted_choice", "client_sampling"]
 
 SHAPES = ("session", "single", "system", "document", "code")
 CLIENTS = ("chat_ui", "openai_sdk", "gt_user", "deterministic", "tuned")
@@ -221,7 +221,7 @@ class Drawn:
     request: ChatRequest
 
 
-def _weighted(rng: random.Random, weights: tuple[tuple[str, float], ...]) -> str:
+def weighted_choice(rng: random.Random, weights: tuple[tuple[str, float], ...]) -> str:
     names, w = zip(*weights)
     return rng.choices(names, weights=w)[0]
 
@@ -235,7 +235,7 @@ def _messages(shape: str, pool: TrafficPool, rng: random.Random) -> tuple[tuple[
     return (("user", rng.choice(source)),)
 
 
-def _client(client: str, rng: random.Random, params: TrafficParams) -> dict:
+def client_sampling(client: str, rng: random.Random, params: TrafficParams) -> dict:
     """Sampling, max_tokens and streaming as the client sets them."""
     if client == "chat_ui":
         s = dict(temperature=rng.choice((0.7, 0.7, 0.8, 1.0)), top_p=rng.choice((1.0, 1.0, 0.9, 0.95)),
@@ -258,10 +258,10 @@ def _client(client: str, rng: random.Random, params: TrafficParams) -> dict:
 
 def draw(rng: random.Random, pool: TrafficPool, params: TrafficParams = TRAFFIC) -> Drawn:
     """One request as a real client would send it."""
-    shape = _weighted(rng, params.shape_weights)
-    client = _weighted(rng, params.client_weights)
+    shape = weighted_choice(rng, params.shape_weights)
+    client = weighted_choice(rng, params.client_weights)
     messages = _messages(shape, pool, rng)
-    sampling = _client(client, rng, params)
+    sampling = client_sampling(client, rng, params)
     request = ChatRequest(messages, **sampling).with_session(rng)
     request.check(params)
     return Drawn(shape, client, request)

@@ -131,7 +131,7 @@ def _round_state(d: Draw) -> gossip.RoundState | None:
     entries = []
     for _ in range(d.below(gossip.MAX_ROUNDS + 2)):
         lists = [tuple(gossip.VoteBits(d.choice([t.NIL, bytes(32), b"\x01" * 32]), d.bytes(d.choice([1, 1, 2])))
-                       for _ in range(d.below(gossip.MAX_VALUES + 1))) for _ in range(2)]
+                       for _ in range(d.below(N + 2))) for _ in range(2)]  # (a few beyond what N can hold)
         entries.append(gossip.RoundEntry(d.choice(_ROUNDS), d.flag(), lists[0], lists[1]))
     state = gossip.RoundState(validator, d.uint(8), d.choice(_HEIGHTS), d.choice(_ROUNDS), d.below(4), tuple(entries))
     if validator < N and d.below(4):

@@ -25,7 +25,7 @@ from typing import Any
 from gentorrent import settings
 from testkit.fuzzing import Draw, Finding, expect
 
-_SCHEMA = settings.COMMON_SECTIONS
+_SCHEMA = settings.SECTIONS
 _SECTIONS = list(_SCHEMA)
 _FIELDS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in _SCHEMA.items()}
 _STRINGS = ["", "x", "smollm2-135m", "a\nb", 'q"uote', "back\\slash", "tab\tin", "\x00", "é✓", "\x7f"]

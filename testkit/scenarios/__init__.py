@@ -16,7 +16,7 @@ Every public scenario is re-exported here, so bench/reliability.py finds it by n
 from testkit.scenarios.adversary_groups import GROUP_ATTACKS, group_adversary
 from testkit.scenarios.adversary_path import (ADVERSARY_SCENARIOS, adv_address_hijack, adv_link_theft,
                                               adv_model_amplify, adv_nonce_reuse, adv_onion_replay, adv_peer_quota,
-                                              adv_position_timing, adv_replay_flush, adv_reply_linking,
+                                              adv_position_alone, adv_position_timing, adv_replay_flush, adv_reply_linking,
                                               adv_sizes_tokens, adv_tagging)
 from testkit.scenarios.adversary_registry import directory_replay, registry_hijack
 from testkit.scenarios.epochs import EPOCH_MODES, epoch_faults
@@ -31,7 +31,7 @@ from testkit.scenarios.verifiers import (CRASH_POINTS, QUICK_CRASH_POINTS, verif
 __all__ = [
     "GROUP_ATTACKS", "group_adversary",
     "ADVERSARY_SCENARIOS", "adv_address_hijack", "adv_link_theft", "adv_model_amplify", "adv_nonce_reuse",
-    "adv_onion_replay", "adv_peer_quota", "adv_position_timing", "adv_replay_flush", "adv_reply_linking",
+    "adv_onion_replay", "adv_peer_quota", "adv_position_alone", "adv_position_timing", "adv_replay_flush", "adv_reply_linking",
     "adv_sizes_tokens", "adv_tagging",
     "directory_replay", "registry_hijack",
     "EPOCH_MODES", "epoch_faults",

@@ -21,6 +21,7 @@ answered and the attack failed. The note says both.
     adv_peer_quota        an attacker exhausts a relay's per-peer quota; the victim then builds
     adv_model_amplify     a stranger, then a registered proxy naming 16 routes, at a model node
     adv_position_timing   every relay times its hop-local acks to guess its position
+    adv_position_alone    each relay alone, with the model node, guesses hop 1 from frames and timing
     adv_reply_linking     the model node links asks by their reply routes
     adv_sizes_tokens      relays read prompt length from sizes and token counts from reply cloves
     adv_address_hijack    the model node's and a relay's addresses registered with another key
@@ -30,6 +31,7 @@ answered and the attack failed. The note says both.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import random
 import statistics
@@ -37,8 +39,9 @@ import time
 from pathlib import Path
 
 ADVERSARY_SCENARIOS = ("adv_tagging", "adv_replay_flush", "adv_onion_replay", "adv_link_theft", "adv_peer_quota",
-                       "adv_model_amplify", "adv_position_timing", "adv_reply_linking", "adv_sizes_tokens",
+                       "adv_model_amplify", "adv_position_timing", "adv_position_alone", "adv_reply_linking", "adv_sizes_tokens",
                        "adv_address_hijack", "adv_nonce_reuse")
+_ADDED: contextvars.ContextVar[list] = contextvars.ContextVar("adv_position_alone_added")
 TAG_PATTERN = bytes.fromhex("5a") * 16  # what a tagging hop XORs into a clove body
 PROMPT = "What is the boiling point of water at the top of Mount Everest, roughly?"
 
@@ -59,9 +62,13 @@ def _params(**changes):
 class Net:
     """An echo model node and `users` user nodes, in this process, on 127.0.0.1."""
 
-    def __init__(self, root: Path, users: int = 10, chunks: int = 1, chunk_delay_s: float = 0.0, **params) -> None:
+    def __init__(self, root: Path, users: int = 10, chunks: int = 1, chunk_delay_s: float = 0.0,
+                 cloves=None, **params) -> None:
+        """`cloves`: CloveParams other than the scenarios' (4 proxies kept); `params`: changes
+        to their OverlayParams."""
         self.root, self.users, self.chunks, self.chunk_delay_s = Path(root), users, chunks, chunk_delay_s
         self.cloves, self.params = _params(**params)
+        self.cloves = cloves or self.cloves
         self.model = None
         self.nodes: list = []
 
@@ -454,16 +461,146 @@ async def adv_position_timing(root: Path, seed: int = 0, quick: bool = False) ->
                 guesses[name][1] += len(medians)
     right, total = guesses["ack"]
     rd_ok, rd_n = guesses["reply_delay"]
-    p_ack, p_delay = _above_chance(right, total, 1 / 3), _above_chance(rd_ok, rd_n, 1 / 3)
+    p_ack, p_delay = above_chance(right, total, 1 / 3), above_chance(rd_ok, rd_n, 1 / 3)
     # one attempt: "learn positions from ack times"; it succeeds if the guesses beat chance (p < 0.01)
     return _outcome(tally, 1, int(p_ack < 0.01), f"acks on every forwarded clove over {asks} asks",
-                    f"positions from ack times: {right}/{total} right (chance 1/3, p = {p_ack:.2g}); NOT DEFENDED: "
-                    f"from the delay between a forward clove and the next reply clove: {rd_ok}/{rd_n} right "
-                    f"(p = {p_delay:.2g})", ack_guessed=right, ack_guesses=total, ack_p=p_ack,
+                    f"positions from ack times: {right}/{total} right (chance 1/3, p = {p_ack:.2g}); every hop of a "
+                    f"path colluding, ranking their reply delays (who is ahead of whom, which the flow shows "
+                    f"them anyway; a relay alone: adv_position_alone): {rd_ok}/{rd_n} right (p = {p_delay:.2g})", ack_guessed=right, ack_guesses=total, ack_p=p_ack,
                     reply_delay_guessed=rd_ok, reply_delay_guesses=rd_n, reply_delay_p=p_delay)
 
 
-def _above_chance(right: int, total: int, chance: float) -> float:
+async def adv_position_alone(root: Path, seed: int = 0, quick: bool = False, params: dict | None = None) -> dict:
+    """Each relay alone, with the model node colluding, guesses whether it is the first hop of a
+    path (the proxy knows it is the proxy): (1) from the frames it gets (does its predecessor ask
+    for acks, as only the asker used to?), (2) from its reply delay less the time the model node
+    held that path's clove (it tells its relay when each clove came in and when the reply left
+    for that proxy: the generation time, subtracted), (3) from its establishment round trip. Each
+    guess is a threshold calibrated on the relays' paths of even renewal periods (their true
+    positions known, as an attacker learns them from paths it builds itself) and scored on the
+    odd ones; a tell succeeds when its guesses beat chance (binomial p < 0.01). `params`: changes
+    to the overlay's parameters (hide_position=False: the code before the defence)."""
+    from gentorrent.ledger.peers import USER
+
+    windows, per_window = (8, 5) if quick else (12, 6)
+    async with Net(root, users=13, **(params or {})) as net:
+        loop = asyncio.get_running_loop()
+        asked: set[tuple[str, bytes]] = set()  # (relay, link in) on which a forward frame asked for an ack
+        fwd_at: dict[tuple[str, bytes], float] = {}
+        reply_delay: list[tuple[str, bytes, float, float]] = []  # (relay, link in, forward at, delay)
+        established: dict[tuple[str, bytes], float] = {}  # (relay, link in) -> establishment round trip
+        for node in net.nodes[1:]:
+            relay = node.relay
+
+            def frames(link, batch, _on=relay.on_cloves, _me=node):
+                if batch.forward and batch.batch and link.peer.role == USER:
+                    asked.update((_me.node_id_hex, c.link_id) for c in batch.cloves)
+                return _on(link, batch)
+
+            async def timed_establish(link, request, _on=relay.on_establish, _me=node):
+                t0, mine = loop.time(), []
+                _ADDED.set(mine)  # this establishment's own task: the entry it adds lands here
+                reply = await _on(link, request)
+                if reply.ok and mine:
+                    established[(_me.node_id_hex, mine[0])] = loop.time() - t0
+                return reply
+
+            def noting_add(entry, _add=relay.table.add):
+                added = _ADDED.get(None)
+                if added is not None:
+                    added.append(entry.link_in)
+                return _add(entry)
+
+            relay.table.add = noting_add
+
+            def tap(event, link_id, payload, _me=node):
+                table = _me.relay.table
+                if event == "forward_in" and link_id in table._by_in:
+                    fwd_at[(_me.node_id_hex, link_id)] = loop.time()
+                elif event == "return_in" and link_id in table._by_out:
+                    key = (_me.node_id_hex, table._by_out[link_id].link_in)
+                    if key in fwd_at:
+                        at = fwd_at.pop(key)
+                        reply_delay.append((*key, at, loop.time() - at))
+
+            relay.on_cloves, relay.on_establish, relay.tap = frames, timed_establish, tap
+        held: list[tuple[float, str, str]] = []  # the model node: (time, "in" | "out", proxy id)
+        intake = net.model.intake
+
+        def model_in(link, batch, _on=intake.on_cloves):
+            held.extend((loop.time(), "in", link.peer.node_id) for _ in batch.cloves)
+            return _on(link, batch)
+
+        def model_out(route, blob, _send=intake._send):
+            held.append((loop.time(), "out", route.proxy.hex()))
+            return _send(route, blob)
+
+        intake.on_cloves, intake._send = model_in, model_out
+        shift = [0.0]
+        me = net.me
+        me.paths.clock = lambda: time.monotonic() + shift[0]
+        tally: dict = {}
+        units: list[tuple[int, int, str, bytes, str]] = []  # (window, hop, relay, link in, proxy)
+        spans: list[tuple[float, float]] = []
+        for w in range(windows):
+            await me.paths.fill()
+            for path in me.paths.pool.usable(me.paths.clock()):
+                units += [(w, h, path.nodes[h], path.secrets.link_ids[h], path.proxy_id)
+                          for h in range(len(path.nodes) - 1)]
+            for j in range(per_window):
+                t0 = loop.time()
+                await net.ask(tally, f"{PROMPT} {w}.{j}")
+                await _settle(net, net.params.position_cover_s + 0.05)  # every path's reply is back
+                spans.append((t0, loop.time()))
+            shift[0] += net.cloves.path_renewal_s + 1.0
+        await _settle(net)
+
+        def model_hold(proxy: str, start: float, end: float) -> float | None:
+            ins = [t for t, kind, p in held if kind == "in" and p == proxy and start <= t <= end]
+            outs = [t for t, kind, p in held if kind == "out" and p == proxy and start <= t <= end]
+            return min(outs) - min(ins) if ins and outs else None
+
+        residuals: list[tuple[int, int, float]] = []  # (window, hop, least reply delay less the model's hold)
+        for w, h, relay_id, link, proxy in units:
+            mine = []
+            for r, l_in, at, delay in reply_delay:
+                span = next((s for s in spans if s[0] <= at <= s[1]), None) if (r, l_in) == (relay_id, link) else None
+                hold = model_hold(proxy, *span) if span else None
+                if hold is not None:
+                    mine.append(delay - hold)
+            if mine:  # the least of a path's asks: what the path costs without the machine's noise
+                residuals.append((w, h, min(mine)))
+        tells = {
+            "frames": [(w, h, float((r, l) in asked)) for w, h, r, l, _ in units],
+            "reply_delay": residuals,
+            "establishment": [(w, h, established[(r, l)]) for w, h, r, l, _ in units if (r, l) in established],
+        }
+        scores = {name: _threshold_guess(obs) for name, obs in tells.items()}
+    successes = sum(1 for right, total in scores.values() if above_chance(right, total, 0.5) < 0.01)
+    note = "; ".join(f"{name}: {right}/{total} right (chance 1/2, p = {above_chance(right, total, 0.5):.2g})"
+                     for name, (right, total) in scores.items())
+    return _outcome(tally, len(scores), successes, f"{windows * per_window} asks, every relay timing alone",
+                    f"hop 1 or hop 2, guessed by each relay alone with the model node's times: {note}",
+                    guesses={name: {"right": right, "total": total, "p": above_chance(right, total, 0.5)}
+                             for name, (right, total) in scores.items()})
+
+
+def _threshold_guess(observations: list[tuple[int, int, float]]) -> tuple[int, int]:
+    """(right, total) guesses of "hop 1 when the value is above a threshold" on the odd renewal
+    periods, the threshold the midpoint of the hop medians on the even ones (either side)."""
+    train = [(h, v) for w, h, v in observations if w % 2 == 0]
+    test = [(h, v) for w, h, v in observations if w % 2 == 1]
+    first = [v for h, v in train if h == 0]
+    second = [v for h, v in train if h == 1]
+    if not first or not second or not test:
+        return 0, 0
+    m1, m2 = statistics.median(first), statistics.median(second)
+    cut, above_is_first = (m1 + m2) / 2, m1 >= m2
+    right = sum(1 for h, v in test if ((v > cut) == above_is_first) == (h == 0))
+    return right, len(test)
+
+
+def above_chance(right: int, total: int, chance: float) -> float:
     """P(at least `right` of `total` guesses right by chance): the exact binomial tail."""
     from math import comb
 
@@ -538,8 +675,7 @@ async def adv_sizes_tokens(root: Path, seed: int = 0, quick: bool = False) -> di
 async def adv_address_hijack(root: Path, seed: int = 0, quick: bool = False) -> dict:
     """An attacker registers, under its own node id and certificate, the address of the model
     node and of 3 relays. Connections go by node id, so they should neither reach nor pin the
-    attacker's certificate; the asks go on."""
-    from gentorrent.crypto import tls
+    attacker's key; the asks go on."""
     from gentorrent.crypto.keys import Identity
     from gentorrent.ledger.sections import ModelRecord, UserRecord
 
@@ -549,13 +685,12 @@ async def adv_address_hijack(root: Path, seed: int = 0, quick: bool = False) -> 
         targets = [(net.model.record, "model")] + [(n.record, "user") for n in net.nodes[1:4]]
         for target, kind in targets:
             thief = Identity.generate()
-            cert = tls.make_self_signed(thief).cert_pem
             if kind == "model":
                 net.model.directory.add_model(ModelRecord(thief.node_id, thief.public_key, target.address,
-                                                          target.model, os.urandom(32), cert, trusted=False))
+                                                          target.model, os.urandom(32), trusted=False))
             else:
                 await net.me.directory.register_user(UserRecord(thief.node_id, thief.public_key, target.address,
-                                                                os.urandom(32), cert))
+                                                                os.urandom(32)))
         for node in net.nodes:
             await node.refresh_directory()
         await net.model.intake._refresh()

@@ -63,17 +63,22 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 
 
 async def until_directory(genesis, timeout_s: float = 60.0):
-    """The committee's checked directory, once it serves one."""
-    from gentorrent.ledger.light_client import DirectoryRejected, fetch_from_committee
+    """The committee's checked catalogue, once it answers proven queries."""
+    from gentorrent.ledger import queries
+    from gentorrent.ledger.light_client import DirectoryRejected, committee_reader
 
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await fetch_from_committee(genesis, timeout=5.0)
-        except DirectoryRejected:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    reader = committee_reader(genesis, timeout=5.0)
+    try:
+        while True:
+            try:
+                return await reader.ask(queries.Catalog())
+            except DirectoryRejected:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+    finally:
+        await reader.close()
 
 
 class RegistryCommittee:
@@ -122,7 +127,7 @@ async def user_nodes(genesis_path: Path, base: Path, count: int, **kwargs) -> li
 
 
 def replaying_verifier(reply):
-    """A Verifier servicer that answers every /directory query with `reply` (recorded earlier)."""
+    """A Verifier servicer that answers every query with `reply` (a proven answer recorded earlier)."""
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
     class ReplayingVerifier(rpc.VerifierServicer):
@@ -142,14 +147,14 @@ async def serve_as(home: Path, address: str, servicer):
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
 
     keys = NodeKeys.load_or_create(home)
-    server, _ = tls.new_server(tls.TlsIdentity.load_or_create(home, keys.identity), address)
+    server, _ = tls.new_server(tls.TlsIdentity.load_or_create_self_signed(home, keys.identity), address)
     rpc.add_VerifierServicer_to_server(servicer, server)
     await server.start()
     return server
 
 
-async def query_directory_reply(genesis, index: int):
-    """The raw /directory reply (value, height, proof) of member `index`."""
+async def query_reply(genesis, index: int, query):
+    """The raw reply (value, height, proof) of member `index` to a proven query."""
     from gentorrent.crypto import tls
     from gentorrent.wire import gentorrent_pb2 as pb
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
@@ -157,24 +162,22 @@ async def query_directory_reply(genesis, index: int):
     v = genesis.validators[index]
     channel = await tls.connect(v.address, v.tls_cert_pem)
     try:
-        return await rpc.VerifierStub(channel).Query(pb.QueryRequest(path="/directory"), timeout=10)
+        return await rpc.VerifierStub(channel).Query(pb.QueryRequest(path=query.path, data=query.data), timeout=10)
     finally:
         await channel.close()
 
 
 def hijack_txs(victim_address: str, model: str, chain_id: str) -> list[bytes]:
     """What an attacker signs to take a victim's address: a model and a user registration at
-    it with the attacker's own certificate, and one transaction signed for another chain."""
-    from gentorrent.crypto import tls
+    it under the attacker's own key, and one transaction signed for another chain."""
     from gentorrent.crypto.keys import Identity, OnionKey
     from gentorrent.ledger import txs
 
     attacker = Identity.generate()
-    cert = tls.make_self_signed(attacker).cert_pem
     onion = OnionKey.generate().public_key
-    return [txs.register_model(attacker, victim_address, model, 10, cert, 1, onion, chain_id=chain_id),
-            txs.register_user(attacker, victim_address, onion, cert, "default", 2, chain_id=chain_id),
-            txs.register_user(attacker, "127.0.0.1:1", onion, cert, "default", 3, chain_id="another-net")]
+    return [txs.register_model(attacker, victim_address, model, 10, 1, onion, chain_id=chain_id),
+            txs.register_user(attacker, victim_address, onion, "default", 2, chain_id=chain_id),
+            txs.register_user(attacker, "127.0.0.1:1", onion, "default", 3, chain_id="another-net")]
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -232,7 +235,11 @@ async def directory_replay(root: Path, seed: int = 0, quick: bool = False) -> di
     committee = RegistryCommittee(root)
     genesis_path = await asyncio.to_thread(committee.start)
     genesis = Genesis.load(genesis_path)
-    old = await query_directory_reply(genesis, 1)
+    from gentorrent.crypto.keys import NodeKeys
+    from gentorrent.ledger import queries
+
+    asked = queries.UserLookup(NodeKeys.load_or_create(root / "users" / "user0").identity.node_id)
+    old = await query_reply(genesis, 1, asked)  # the newcomer is not registered yet: a proof of its absence
     newcomer = (await user_nodes(genesis_path, root / "users", 1))[0]  # registered after the recording
     liar = replaying_verifier(old)
     fake = await serve_as(committee.home(0), genesis.validators[0].address, liar)
@@ -243,9 +250,9 @@ async def directory_replay(root: Path, seed: int = 0, quick: bool = False) -> di
             reader = committee_reader(genesis, timeout=5.0, rng=random.Random(seed * 1000 + c))
             last = 0
             for _ in range(refreshes):
-                d = await reader.refresh()
+                d = await reader.ask(asked, confirm=True)
                 rolled_back += d.height < last
-                replayed += d.height == old.height or d.user(newcomer.keys.identity.node_id) is None
+                replayed += d.height == old.height or d.result is None
                 last = d.height
             await reader.close()
     finally:

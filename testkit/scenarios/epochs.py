@@ -7,7 +7,7 @@ and one party misbehaves:
   its own with a receipt it signed itself, or leaves the node out of its plan. An altered,
   forged or omitting epoch must abort with the leader blamed; a dropping one must end with the
   leader's report disputed (the other members reached the node: it is left unscored, the rest
-  of the epoch stands, verifier/epochs/epoch.py). Either way the honest node's reputation must
+  of the epoch stands, verifier/epochs/machine.py). Either way the honest node's reputation must
   not move.
 - `node-down`, `node-cheat`: after an honest first epoch, one model node stops answering, or
   answers with tokens the reference model finds implausible. The committee must give it
@@ -39,8 +39,8 @@ def _rep(committee, ident) -> float:
 
 async def epoch_faults(root: Path, mode: str, seed: int = 0, quick: bool = False) -> dict:
     from testkit.epochs import EpochCommittee, ScriptedModels
-    from verifier.epochs import rules
-    from verifier.epochs.runner import LeaderFaults
+    from gentorrent.ledger.epoch_txs import Phase
+    from testkit.leader_faults import LeaderFaults
 
     if mode not in EPOCH_MODES:
         raise ValueError(f"mode is one of {EPOCH_MODES}")
@@ -73,16 +73,16 @@ async def epoch_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
                               "reason": h.reason[:80], "scores": {k.hex()[:8]: v for k, v in scores.items()},
                               "reputation": reps})
                 disputed = "disputed" in h.reason
-                probed = target.node_id in scores or h.phase == rules.ABORTED or disputed  # (both name a reason)
+                probed = target.node_id in scores or h.phase == Phase.ABORTED or disputed  # (both name a reason)
                 if not probed:
                     continue
                 if mode == "leader-drop":
-                    right = h.phase == rules.DONE and disputed and target.node_id not in scores and reps["honest"] == 1.0
+                    right = h.phase == Phase.DONE and disputed and target.node_id not in scores and reps["honest"] == 1.0
                 elif mode.startswith("leader"):
-                    right = h.phase == rules.ABORTED and h.faulty_leader and reps["honest"] == 1.0
+                    right = h.phase == Phase.ABORTED and h.faulty_leader and reps["honest"] == 1.0
                 else:
                     penalised = scores.get(target.node_id, 0.0) < REPUTATION.abnormal_threshold
-                    right = h.phase == rules.DONE and penalised and reps["honest"] == 1.0
+                    right = h.phase == Phase.DONE and penalised and reps["honest"] == 1.0
                 judged_right += right
                 judged_wrong += not right
                 neutralised = (h.faulty_leader or disputed if mode.startswith("leader")

@@ -37,12 +37,16 @@ class FaultyNextHop:
     of the layered clove, a replay sends the same clove twice, a hang holds it past every
     deadline (a paused process, as seen by its neighbours)."""
 
-    def __init__(self, send, mode: str, rng: random.Random, counts: dict, hang_s: float) -> None:
+    def __init__(self, send, mode: str, rng: random.Random, counts: dict, hang_s: float,
+                 is_model=lambda node_id: False) -> None:
         self.send, self.mode, self.rng, self.counts, self.hang_s = send, mode, rng, counts, hang_s
+        self.is_model = is_model
 
     def __call__(self, node_id: str, forward: bool, cloves: list, ack: bool = False):
         from gentorrent.wire import gentorrent_pb2 as pb
-        if not forward or ack:  # replies, and a proxy's submissions to the model node, pass untouched
+        # replies, and a proxy's submissions to the model node, pass untouched (relays ask the
+        # next relay for hop-local acks too, as the asker does: an ack says nothing of the hop)
+        if not forward or self.is_model(node_id):
             return self.send(node_id, forward, cloves, ack)
         self.counts[self.mode] = self.counts.get(self.mode, 0) + len(cloves)
         if self.mode == "drop":
@@ -57,7 +61,7 @@ class FaultyNextHop:
                 data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)
                 bad.append(pb.Clove(link_id=c.link_id, payload=bytes(data)))
             cloves = bad
-        result = self.send(node_id, forward, cloves)
+        result = self.send(node_id, forward, cloves, ack)
         if self.mode == "replay":
             again = self.send(node_id, forward, cloves, ack=True)
             if again is not None:
@@ -73,7 +77,8 @@ class FaultyNextHop:
 
 def _make_faulty(node, mode: str, rng: random.Random, counts: dict, hang_s: float) -> None:
     relay = node.relay
-    relay._send = FaultyNextHop(relay._send, mode, rng, counts, hang_s)
+    relay._send = FaultyNextHop(relay._send, mode, rng, counts, hang_s,
+                                is_model=lambda node_id: relay.index.model(node_id) is not None)
 
 
 def _sum_drops(statuses: list[dict]) -> dict:
@@ -354,7 +359,7 @@ async def _probe(me, address: str, avoid: set[str], rng: random.Random, within_s
     t0 = time.monotonic()
     while not out["health"] and time.monotonic() - t0 < within_s:
         try:
-            stub = rpc.RelayStub(me.channels.get(address, users[address].tls_cert_pem))
+            stub = rpc.RelayStub(me.channels.to(users[address]))
             out["health"] = (await stub.Health(pb.Empty(), timeout=2.0)).serving
         except Exception as exc:  # noqa: BLE001 - reported, the test asserts on the outcome
             out["health_error"] = f"{type(exc).__name__}: {getattr(exc, 'code', lambda: '')()}"

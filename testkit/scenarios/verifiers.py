@@ -176,14 +176,16 @@ async def verifier_byzantine(root: Path, seed: int = 0, quick: bool = False) -> 
         for _ in range(rounds):
             await asyncio.gather(*(attack(i) for i in range(3)))
             await _submit_for(c, ledger, 0.3, counter)
-        c.start_node(3)  # back to honest; it must still follow the one chain
+        c.start_node(3)  # back to honest; it must still follow the one chain (no longer a member)
         await _submit_for(c, ledger, 1.0, counter)
         a = await audit(c, ledger)
+        committee = json.loads((await c.status(0)).json)["committee"]
     finally:
         await c.stop()
     honest_accused = sum(a.evidence_against.get(i, 0) for i in range(3))
     out = _verifier_outcome(ledger, a, 0.0, f"validator 3 equivocates, forged votes for 0..2, {rounds} rounds",
-                            {"acks": acks, "evidence_against_honest": honest_accused})
+                            {"acks": acks, "evidence_against_honest": honest_accused,
+                             "committee_size": committee["size"], "removed": committee["removed"]})
     if honest_accused:
         out["note"] += f"; EVIDENCE AGAINST HONEST NODES: {honest_accused}"
         out["forks"] = out["forks"] or 0

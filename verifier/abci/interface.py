@@ -16,9 +16,10 @@ Rules both sides rely on:
   the header of the next block (`last_app_hash`), so the commit of block H+1 certifies the
   state after block H. A directory proof therefore is: query value at height H, the header of
   block H+1 and the commit (> 2/3 precommits) of block H+1 (see `DirectoryProof`).
-- App hash = SHA-256 of the concatenation of the state's section hashes in `SECTIONS` order,
-  each section hash being SHA-256 of the section's canonical encoding. A /directory query
-  returns the users and models sections in full plus the hashes of the other sections, so a
+- App hash = SHA-256 of a domain and the state's part hashes in `SECTIONS` order: the meta
+  and epochs sections by SHA-256 of their canonical encodings, the registry by the root of its
+  Merkle treap (gentorrent.ledger.sections, gentorrent.ledger.authtree). A query about the
+  registry returns a proof of the tree entries it shows plus the other parts' hashes, so a
   light client recomputes the app hash from the reply alone.
 """
 

@@ -26,6 +26,7 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from gentorrent.config import WIRE
+from gentorrent.varint import encode_uvarint
 from gentorrent.wire.abci import types_pb2 as abci
 from verifier.abci.interface import Application, BlockContext, ValidatorInfo
 
@@ -45,20 +46,6 @@ class FrameError(ValueError):
 
 
 # --------------------------------------------------------------------------- framing (pure)
-
-
-def encode_uvarint(n: int) -> bytes:
-    if n < 0:
-        raise ValueError("uvarint of a negative number")
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def frame(message: bytes) -> bytes:

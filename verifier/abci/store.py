@@ -13,16 +13,21 @@ import sqlite3
 from pathlib import Path
 
 from gentorrent.wire import gentorrent_pb2 as pb
-from gentorrent.ledger.sections import ModelRecord, UserRecord, encode
+from gentorrent.ledger.chain_params import ChainParams
+from gentorrent.ledger.sections import Account, ModelRecord, UserRecord, encode
+from verifier.abci.committee import CommitteeBook
 from verifier.abci.state import CommittedState, StateView
 
-SCHEMA_VERSION = "1"
+# 3: the app hash commits to the registry tree (accounts with their leases in a table) and the
+# meta section holds the chain parameters, the committee's changes and the catalogue
+SCHEMA_VERSION = "3"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS users (node_id BLOB PRIMARY KEY, entry BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS models (node_id BLOB PRIMARY KEY, entry BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS accounts (public_key BLOB PRIMARY KEY, last_sequence INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS accounts (public_key BLOB PRIMARY KEY, last_sequence INTEGER NOT NULL,
+                                     lease_expires_ms INTEGER NOT NULL);
 """
 
 
@@ -65,16 +70,20 @@ class Store:
         try:
             meta = pb.MetaSection.FromString(meta_raw)
             state.chain_id, state.height, state.time_ms = meta.chain_id, meta.height, meta.time_ms
-            state.lease_ms = meta.lease_ms
+            state.params = ChainParams.decode(meta.params)
+            state.catalogue = tuple(meta.catalogue)
             state.validators = tuple((v.public_key, v.power) for v in meta.validators)
+            state.committee = CommitteeBook.from_meta(meta)
             state.epochs = pb.EpochsSection.FromString(self._kv("epochs") or b"")
             for node_id, entry in self._db.execute("SELECT node_id, entry FROM users"):
                 state.users[bytes(node_id)] = UserRecord.from_pb(pb.UserEntry.FromString(entry))
             for node_id, entry in self._db.execute("SELECT node_id, entry FROM models"):
                 state.models[bytes(node_id)] = ModelRecord.from_pb(pb.ModelEntry.FromString(entry))
-            for key, seq in self._db.execute("SELECT public_key, last_sequence FROM accounts"):
-                state.accounts[bytes(key)] = int(seq)
+            for key, seq, lease in self._db.execute("SELECT public_key, last_sequence, lease_expires_ms FROM accounts"):
+                state.accounts[bytes(key)] = Account(bytes(key), int(seq), int(lease))
             state.index_addresses()
+            state.index_leases()
+            state.build_tree()
         except Exception as exc:  # noqa: BLE001 - any decode failure means a damaged store
             raise StoreError(f"{self.path}: cannot read committed state: {exc}") from exc
         state.initialized = True
@@ -89,9 +98,6 @@ class Store:
 
     def write(self, view: StateView, app_hash: bytes, replace_all: bool = False) -> None:
         """Persist `view` (its changes, or everything with `replace_all`) atomically."""
-        meta = pb.MetaSection(chain_id=view.chain_id, height=view.height, time_ms=view.time_ms,
-                              validators=[pb.ValidatorEntry(public_key=k, power=p) for k, p in view.validators],
-                              lease_ms=view.lease_ms)
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -107,9 +113,10 @@ class Store:
                 _put(db, "users", node_id, None if rec is None else encode(rec.to_pb()))
             for node_id, rec in models.items():
                 _put(db, "models", node_id, None if rec is None else encode(rec.to_pb()))
-            for key, seq in accounts.items():
-                db.execute("INSERT OR REPLACE INTO accounts VALUES (?, ?)", (key, seq))
-            for key, value in (("meta", encode(meta)), ("epochs", encode(view.epochs)),
+            for key, account in accounts.items():
+                db.execute("INSERT OR REPLACE INTO accounts VALUES (?, ?, ?)",
+                           (key, account.last_sequence, account.lease_expires_ms))
+            for key, value in (("meta", view.meta_bytes()), ("epochs", encode(view.epochs)),
                                ("app_hash", app_hash)):
                 db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, value))
             db.execute("COMMIT")

@@ -13,7 +13,10 @@ Shell:
     privval.py        the signer that never signs two different messages for one step
     wal.py            write-ahead log of the inputs of the height in progress
     blockstore.py     decided blocks with their commits (SQLite)
-    node.py           gRPC/TLS Verifier service, peers, timers, mempool, catch-up, the app
+    node.py           ConsensusNode: peers, timers, mempool, catch-up, and the application it drives,
+                      known only through verifier.abci.interface (verifier/node.py, the composition
+                      root, builds the application and serves the Verifier RPCs; pyproject.toml's
+                      import contract keeps this package from importing any application module)
     home.py           config.json of a verifier home
 The command is verifier/cli.py (`gt-verifier`); the light client is gentorrent/ledger/light_client.py.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from gentorrent.ledger.chain import Block, Commit
+from gentorrent.ledger.chain import MAX_VALIDATORS, Block, Commit, Reader, Writer
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
@@ -19,6 +19,10 @@ CREATE TABLE IF NOT EXISTS blocks (
     hash BLOB NOT NULL,
     block BLOB NOT NULL,
     commit_ BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS validator_updates (
+    height INTEGER PRIMARY KEY,
+    updates BLOB NOT NULL
 );
 """
 
@@ -50,6 +54,25 @@ class BlockStore:
     def load_raw(self, height: int) -> tuple[bytes, bytes] | None:
         row = self._db.execute("SELECT block, commit_ FROM blocks WHERE height = ?", (height,)).fetchone()
         return (bytes(row[0]), bytes(row[1])) if row else None
+
+    def save_updates(self, height: int, updates: tuple[tuple[bytes, int], ...]) -> None:
+        """The validator updates FinalizeBlock returned for block `height` (saved before the
+        application commits: a crash in between executes the block again, with the same ones)."""
+        if updates:
+            w = Writer(b"gt/valupdates/v1").u32(len(updates))
+            for key, power in updates:
+                w.blob(key).u64(power)
+            self._db.execute("INSERT OR REPLACE INTO validator_updates VALUES (?, ?)", (height, w.done()))
+
+    def all_updates(self) -> list[tuple[int, tuple[tuple[bytes, int], ...]]]:
+        """Every non-empty (height, updates), by height (valsets.ValidatorHistory rebuilds from them)."""
+        out = []
+        for height, data in self._db.execute("SELECT height, updates FROM validator_updates ORDER BY height"):
+            r = Reader(bytes(data), b"gt/valupdates/v1")
+            updates = tuple((r.blob(32), r.u64()) for _ in range(r.count(MAX_VALIDATORS)))
+            r.end()
+            out.append((int(height), updates))
+        return out
 
     def close(self) -> None:
         self._db.close()

@@ -26,9 +26,9 @@ from verifier.consensus import gossip
 from verifier.consensus.gossip import RoundState
 from verifier.consensus.state_machine import (CastVote, Decision, HeightStateMachine, Output,
                                               ProposeValue, ScheduleTimeout)
-from gentorrent.ledger.chain import (Block, Commit, CommitError, CommitSig,
-                                      DuplicateVoteEvidence, Proposal, Step, ValidatorSet, Vote,
-                                      VoteType, encode_message, verify_commit)
+from gentorrent.ledger.chain import (Block, Commit, CommitError, CommitSig, DuplicateProposalEvidence, Evidence,
+                                     Proposal, SignedProposal, Step, ValidatorSet, Vote, VoteType, encode_message,
+                                     verify_commit)
 from verifier.consensus.votes import AddOutcome
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ MAX_BUFFERED_FUTURE = 4096
 MAX_FUTURE_PER_VALIDATOR = 64
 MAX_FUTURE_BYTES_PER_VALIDATOR = 2 * WIRE.max_message_bytes
 MAX_PENDING_EVIDENCE = 1000
+MAX_PEER_KEYS = 1000  # round-state numbers are kept for at most 4x this many keys (then pruned)
 EVIDENCE_MAX_AGE = 10_000  # heights after which equivocation is no longer reported
 
 
@@ -54,11 +55,15 @@ class Signer(Protocol):
 
 
 class Host(Protocol):
-    def make_block(self, height: int, round_: int, evidence: tuple[DuplicateVoteEvidence, ...]) -> Block:
+    def make_block(self, height: int, round_: int, evidence: tuple[Evidence, ...]) -> Block:
         """A new block for this node to propose at (height, round)."""
 
     def validate_block(self, block: Block) -> bool:
         """valid(v): header links, last commit, app's ProcessProposal."""
+
+    # optional: validators_at(height) -> ValidatorSet | None, the committee of a height (a host
+    # without it runs a fixed committee). Known for every executed height and the two after
+    # (valsets.py): the driver asks it for its height and the next one when it starts a height.
 
 
 def within_drift(block_time_ms: int, now_ms: int, max_drift_ms: int) -> bool:
@@ -100,6 +105,19 @@ class TimeoutFired:
 
 
 @dataclass(frozen=True)
+class Timeliness:
+    """Whether a live proposal's time was within the clock-drift bound when it arrived: an input
+    from the shell's clock, journaled (the WAL) before anything depends on it, so that a replay
+    after a restart takes the same verdict instead of asking a clock that has moved or stepped
+    back since, which would make the node want to prevote otherwise than it signed."""
+
+    height: int
+    round: int
+    block_hash: bytes
+    timely: bool
+
+
+@dataclass(frozen=True)
 class StartTimer:
     step: Step
     height: int
@@ -118,7 +136,7 @@ class NeedBlock:
     """We lack decided block `height` (peers moved on, or we saw a commit without the block)."""
 
     height: int
-    peer: int | None  # a validator that has it, if known
+    peer: int | None  # a validator that has it, if known (its index in the current committee)
 
 
 @dataclass(frozen=True)
@@ -137,25 +155,32 @@ Effect = Broadcast | SendTo | StartTimer | Decide | NeedBlock | Refused
 class Driver:
     def __init__(self, chain_id: str, validators: ValidatorSet, me: int | None, signer: Signer | None,
                  host: Host, timeouts: ConsensusTimeouts,
-                 journal: Callable[[Proposal | Vote], None] | None = None,
+                 journal: Callable[["Proposal | Vote | Timeliness"], None] | None = None,
                  timely: Callable[[Block], bool] | None = None,
-                 state_signer: Callable[[bytes], bytes] | None = None, state_seq: int = 0) -> None:
+                 state_signer: Callable[[bytes], bytes] | None = None, state_seq: int = 0,
+                 my_key: bytes | None = None) -> None:
         self.chain_id = chain_id
         #: signs this node's RoundState (the node's identity key; a RoundState has its own
         #: domain tag, so this is no vote signature); None: this node asks for no relays
         self.state_signer = state_signer
         #: sequence numbers of this node's RoundStates start here and only grow: the shell
-        #: passes its clock in microseconds at boot, above any number it used before a restart
+        #: passes its boot counter's base (boots.py), above any number of an earlier boot
         self._state_seq = state_seq
-        self._peer_seq: dict[int, int] = {}  # validator -> last RoundState seq accepted
+        self._peer_seq: dict[bytes, int] = {}  # validator's key -> last RoundState seq accepted
         #: whether a received new proposal's block time is within the clock-drift bound (the
         #: shell asks its clock with `within_drift`); None: every proposal is timely
         self.timely = timely
         #: called with every own message right after it is signed, before anything else
-        #: happens: the node appends it to the WAL, which the next signature syncs
+        #: happens, and with every timeliness verdict before the machine hears of it: the node
+        #: appends them to the WAL, which the next signature syncs
         self.journal = journal
-        self.validators = validators
-        self.me = me
+        self._verdicts: dict[tuple[int, bytes], bool] = {}  # (round, block hash) -> timely
+        self.validators = validators  # the committee of the current height
+        self.next_validators = validators  # and of the next one (early messages are checked by it)
+        self.me = me  # this node's index in `validators` (None: not a member at this height)
+        #: this node's key (`my_key`, or the key of validator `me`): its index changes with the
+        #: committee, and a node outside the first committee may join a later one
+        self.my_key = my_key if my_key is not None else (validators[me].public_key if me is not None else None)
         self.signer = signer
         self.host = host
         self.timeouts = timeouts
@@ -166,13 +191,15 @@ class Driver:
         self._own: dict[tuple[int, Step], Proposal | Vote] = {}  # (round, step) -> signed msg
         self._validity: dict[bytes, bool] = {}
         self._checked: Proposal | Vote | None = None  # the last message found authentic
-        self.pending_evidence: list[DuplicateVoteEvidence] = []
-        self.committed_evidence: set[DuplicateVoteEvidence] = set()
+        self._proposal_evidence: set[int] = set()  # rounds whose proposer was caught signing two
+        self.pending_evidence: list[Evidence] = []
+        self.committed_evidence: set[Evidence] = set()
         self.decided: Decide | None = None
 
     # -- events
 
-    def start_height(self, height: int, replay: list["Proposal | Vote | TimeoutFired"] = ()) -> list[Effect]:
+    def start_height(self, height: int,
+                     replay: list["Proposal | Vote | TimeoutFired | Timeliness"] = ()) -> list[Effect]:
         """Enter `height` (after the previous block was applied by the host).
 
         `replay` are the inputs from the write-ahead log of a node that restarted (`replay_from`
@@ -181,17 +208,22 @@ class Driver:
         before the crash, in the same order: the early messages go back into the next-height
         buffer (and are handed to the machine first when that height starts, as they were), so
         a second restart replays what this incarnation really processed. Own signed messages
-        are known *before* the machine starts, so it re-proposes and re-votes exactly what it
-        signed before the crash.
+        and the timeliness verdicts are known *before* the machine starts, so it re-proposes
+        and re-votes exactly what it signed before the crash, whatever the clock reads now.
         """
         carried = list(self._future.values())  # early messages of this height (no restart)
         self._future, self._future_use = {}, {}
         self.height = height
+        self.validators = self.validators_at(height)
+        self.next_validators = self.validators_at(height + 1)
+        self.me = self.validators.index_of(self.my_key) if self.my_key is not None else None
         self.sm = HeightStateMachine(height, self.validators, self.me)
         self._own = {}
         self._validity = {}
+        self._proposal_evidence = set()
         self.decided = None
         current = [ev for ev in replay if ev.height == height]
+        self._verdicts = {(ev.round, ev.block_hash): ev.timely for ev in current if isinstance(ev, Timeliness)}
         for ev in current:  # (the WAL also holds received messages: check it is really ours)
             if (isinstance(ev, (Proposal, Vote)) and ev.validator == self.me
                     and ev.signed_by(self.chain_id, self.validators[self.me].public_key)):
@@ -204,6 +236,8 @@ class Driver:
         for msg in carried:
             effects += self.on_message(msg)
         for ev in replay:
+            if isinstance(ev, Timeliness):
+                continue  # (taken above)
             if ev.height == height + 1 and not isinstance(ev, TimeoutFired):
                 effects += self.on_message(ev)  # back into the next-height buffer
             elif ev.height != height or self.decided:
@@ -214,6 +248,22 @@ class Driver:
                 effects += self.on_message(ev)
         return effects
 
+    def validators_at(self, height: int) -> ValidatorSet:
+        """The committee of `height`, as the host knows it (the fixed one, for a host that does
+        not change committees; the current one for a height the host cannot tell yet)."""
+        ask = getattr(self.host, "validators_at", None)
+        try:
+            found = ask(height) if ask is not None else None
+        except ValueError:  # (a height before the first: a peer's forged round state, say)
+            found = None
+        return found if found is not None else self.validators
+
+    def _peer_index(self, height: int, index: int) -> int | None:
+        """Validator `index` of height `height`'s committee, as an index in this height's (the
+        one effects name peers by), if it is a member of both."""
+        vs = self.validators_at(height)
+        return self.validators.index_of(vs[index].public_key) if 0 <= index < len(vs) else None
+
     def on_message(self, msg: Proposal | Vote) -> list[Effect]:
         if self.sm is None:
             return []
@@ -223,9 +273,9 @@ class Driver:
                     return []
                 self._buffer_future(msg)
             # peers are ahead; if we are still here a little later, we fetch the block
-            return [NeedBlock(self.height, msg.validator)]
+            return [NeedBlock(self.height, self._peer_index(msg.height, msg.validator))]
         if msg.height > self.height + 1:
-            return [NeedBlock(self.height, msg.validator)]
+            return [NeedBlock(self.height, self._peer_index(msg.height, msg.validator))]
         if msg.height < self.height or self.decided:
             return []
         if msg.round > max(self.sm.round, 0) + self.timeouts.max_rounds_ahead:
@@ -268,13 +318,14 @@ class Driver:
         the shell asks `admits` and then hands the same object to `on_message`."""
         if msg is self._checked:
             return True
-        if not 0 <= msg.validator < len(self.validators):
+        vs = self.next_validators if msg.height == self.height + 1 else self.validators
+        if not 0 <= msg.validator < len(vs):
             return False
-        if not msg.signed_by(self.chain_id, self.validators[msg.validator].public_key):
+        if not msg.signed_by(self.chain_id, vs[msg.validator].public_key):
             log.debug("badly signed %s from %d", type(msg).__name__, msg.validator)
             return False
         if isinstance(msg, Proposal):
-            if msg.validator != self.validators.proposer(msg.height, msg.round):
+            if msg.validator != vs.proposer(msg.height, msg.round):
                 log.debug("proposal from a non-proposer %d at %d/%d", msg.validator, msg.height, msg.round)
                 return False
             try:
@@ -350,49 +401,104 @@ class Driver:
         (later) one, or tell it where we are if it is behind."""
         if self.sm is None or not self._fresh_state(state):
             return []
-        peer = state.validator
+        peer = self.validators.index_of(self.validators_at(state.height)[state.validator].public_key)
+        if peer is None:  # (a former member, behind: nothing to relay; a later one: fetch blocks)
+            return [NeedBlock(self.height, None)] if state.height > self.height else []
         if state.height > self.height:
             return [NeedBlock(self.height, peer)]
         if state.height < self.height:
             mine = self.round_state()
             return [SendTo(peer, mine)] if mine is not None else []
+        self._compare_proposals(state)
         return [SendTo(peer, m) for m in gossip.relay(self.sm, state)]
 
+    def _compare_proposals(self, state: RoundState) -> None:
+        """A peer's state names the proposal it holds per round: one that differs from ours,
+        validly signed by the round's proposer, is evidence (the proposer signed two)."""
+        for e in state.rounds:
+            mine = self.sm.proposals.get(e.round)
+            if mine is None or e.proposal is None or e.round in self._proposal_evidence:
+                continue
+            other = SignedProposal(mine.height, e.round, e.proposal.pol_round, e.proposal.block_hash,
+                                   mine.validator, e.proposal.signature)
+            if (other.pol_round, other.block_hash) == (mine.pol_round, mine.block.hash()):
+                continue
+            if other.pol_round >= other.round:  # (not a proposal a decoder would take)
+                continue
+            ev = DuplicateProposalEvidence(SignedProposal.of(mine), other)
+            try:
+                ev.check(self.chain_id, self.validators)
+            except ValueError:
+                continue  # (a peer's state cannot frame a proposer: the signature must be its)
+            self._proposal_evidence.add(e.round)
+            self._note_evidence(ev.canonical(), f"proposer {mine.validator} signed two proposals at "
+                                                f"{mine.height}/{e.round} (seen in a peer's round state)")
+
     def peer_state_seq(self, validator: int) -> int:
-        """The sequence number of the last RoundState accepted from `validator` (-1: none)."""
-        return self._peer_seq.get(validator, -1)
+        """The sequence number of the last RoundState accepted from `validator` (an index in
+        the current committee; -1: none)."""
+        if not 0 <= validator < len(self.validators):
+            return -1
+        return self._peer_seq.get(self.validators[validator].public_key, -1)
 
     def _fresh_state(self, state: RoundState) -> bool:
-        """Signed by a validator other than this node, newer than its last, well formed."""
+        """Signed by a validator other than this node, newer than its last, well formed. The
+        state's validator index is one of the committee of its height when this node knows
+        that committee (its own height, the next, the past ones the host keeps), else of this
+        height's; numbers are kept by key, since a member's index changes with the committee."""
+        vs = self.validators_at(state.height) if state.height != self.height else self.validators
         v = state.validator
-        if not 0 <= v < len(self.validators) or v == self.me or state.seq <= self._peer_seq.get(v, -1):
+        if not 0 <= v < len(vs) or vs[v].public_key == self.my_key:
             return False
-        if not gossip.well_formed(state, len(self.validators)):
+        key = vs[v].public_key
+        if state.seq <= self._peer_seq.get(key, -1) or not gossip.well_formed(state, len(vs)):
             return False
-        if not gossip.verify(state, self.chain_id, self.validators[v].public_key):
+        if not gossip.verify(state, self.chain_id, key):
             return False
-        self._peer_seq[v] = state.seq
+        if len(self._peer_seq) >= 4 * MAX_PEER_KEYS and key not in self._peer_seq:
+            self._peer_seq = {k: s for k, s in self._peer_seq.items() if self._known_key(k)}
+        self._peer_seq[key] = state.seq
         return True
+
+    def _known_key(self, key: bytes) -> bool:
+        return self.validators.index_of(key) is not None or self.next_validators.index_of(key) is not None
 
     # -- internals
 
     def _on_proposal(self, p: Proposal) -> list[Effect]:
         assert self.sm is not None
-        if p.round in self.sm.proposals or not self._authentic(p):
+        first = self.sm.proposals.get(p.round)
+        if first is not None:
+            self._conflicting_proposal(first, p)
+            return []
+        if not self._authentic(p):
             return []
         if p.validator == self.me:
             self._own[(p.round, Step.PROPOSE)] = p
-        on_time = p.validator == self.me or p.pol_round >= 0 or self.timely is None or self.timely(p.block)
+        on_time = p.validator == self.me or p.pol_round >= 0 or self._timely(p)
         return self._run(self.sm.on_proposal(p, self._valid(p.block), on_time))
+
+    def _timely(self, p: Proposal) -> bool:
+        """The shell's verdict on a new proposal's time: the journaled one if this proposal was
+        judged before a restart, else the clock's now (journaled before it is used)."""
+        if self.timely is None:
+            return True
+        key = (p.round, p.block.hash())
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = bool(self.timely(p.block))
+            if self.journal:
+                self.journal(Timeliness(p.height, p.round, key[1], verdict))
+        return verdict
 
     def _valid(self, block: Block) -> bool:
         h = block.hash()
         if h not in self._validity:
             try:  # (the body matches the header: _authentic checked it)
                 for ev in block.evidence:
-                    ev.check(self.chain_id, self.validators)
-                    if not block.height - EVIDENCE_MAX_AGE < ev.vote_a.height <= block.height:
-                        raise ValueError(f"evidence of height {ev.vote_a.height} is out of range")
+                    ev.check(self.chain_id, self.validators_at(ev.height))
+                    if not block.height - EVIDENCE_MAX_AGE < ev.height <= block.height:
+                        raise ValueError(f"evidence of height {ev.height} is out of range")
                 ok = self.host.validate_block(block)
             except ValueError as exc:
                 log.info("invalid block %s at %d: %s", h.hex()[:12], block.height, exc)
@@ -413,11 +519,26 @@ class Driver:
         outcome, outputs = self.sm.on_vote(v)
         if outcome is AddOutcome.EQUIVOCATION:
             for ev in self.sm.votes.evidence:
-                if (ev not in self.pending_evidence and ev not in self.committed_evidence
-                        and len(self.pending_evidence) < MAX_PENDING_EVIDENCE):
-                    log.warning("validator %d equivocated at %d/%d", v.validator, v.height, v.round)
-                    self.pending_evidence.append(ev)
+                self._note_evidence(ev, f"validator {v.validator} equivocated at {v.height}/{v.round}")
         return self._run(outputs)
+
+    def _conflicting_proposal(self, first: Proposal, p: Proposal) -> None:
+        """A second proposal of a round's proposer (the machine keeps the first, state_machine.py
+        note 4): if it signed another one, that is evidence, recorded once per round (further
+        ones cost no signature check)."""
+        if p.sign_bytes(self.chain_id) == first.sign_bytes(self.chain_id) or p.round in self._proposal_evidence:
+            return
+        if not p.signed_by(self.chain_id, self.validators[first.validator].public_key) or p.validator != first.validator:
+            return
+        self._proposal_evidence.add(p.round)
+        ev = DuplicateProposalEvidence(SignedProposal.of(first), SignedProposal.of(p)).canonical()
+        self._note_evidence(ev, f"proposer {p.validator} signed two proposals at {p.height}/{p.round}")
+
+    def _note_evidence(self, ev: Evidence, what: str) -> None:
+        if (ev not in self.pending_evidence and ev not in self.committed_evidence
+                and len(self.pending_evidence) < MAX_PENDING_EVIDENCE):
+            log.warning("%s", what)
+            self.pending_evidence.append(ev)
 
     def _run(self, outputs: list[Output]) -> list[Effect]:
         """Perform the machine's outputs; own signed messages go back into the machine."""
@@ -531,9 +652,9 @@ class Driver:
         for ev in block.evidence:
             self.committed_evidence.add(ev.canonical())
         horizon = block.height - EVIDENCE_MAX_AGE
-        self.committed_evidence = {e for e in self.committed_evidence if e.vote_a.height > horizon}
+        self.committed_evidence = {e for e in self.committed_evidence if e.height > horizon}
         self.pending_evidence = [e for e in self.pending_evidence
-                                 if e not in self.committed_evidence and e.vote_a.height > horizon]
+                                 if e not in self.committed_evidence and e.height > horizon]
 
 
 def _message_key(msg: Proposal | Vote) -> tuple:

@@ -8,7 +8,12 @@ that node only, is alone in the next round forever unless it passes that precomm
 As CometBFT's consensus reactor does with its peer round states, a node that makes no progress
 tells its peers where it is and what it has: a `RoundState` (height, round, step and, for up to
 `MAX_ROUNDS` rounds, whether it holds the round's proposal and which validators' prevotes and
-precommits it holds for up to `MAX_VALUES` values each). A peer at the same height answers with
+precommits it holds, for every value it holds votes for). Every value: the vote keeper holds at
+most one first vote per validator, and a further one only for a value that already has first
+votes (votes.py), so a node never holds votes for more values per (round, type) than there are
+validators; a state that listed only some (four, once) made its peers resend, every period,
+the votes of the values it left out, and with ten or more validators voting apart those could
+crowd the relay budget. At MAX_VALIDATORS a state stays below the message limit. A peer at the same height answers with
 what it has and the sender lacks (`relay`), in order of use: the precommits and block of a
 decision, the sender's round (proposal, the proof-of-lock prevotes that proposal refers to,
 prevotes, precommits), then later rounds the sender would move to (this node's round, and any
@@ -20,8 +25,8 @@ from each validator; an answer is computed from the state received and capped at
 `MAX_RELAY_MESSAGES` messages and `MAX_RELAY_BYTES` bytes (and the node answers each validator
 at most twice per gossip period). The state is signed with the node's identity key under
 its own domain tag (it can never pass for a vote or a proposal), so a third party can neither
-forge nor replay one to stop relays to a node: sequence numbers only grow (they start at the
-shell's clock in microseconds when the node boots, and count up from there).
+forge nor replay one to stop relays to a node: sequence numbers only grow, across restarts
+and whatever the clocks do (boot counter in the high half, a counter in the low: boots.py).
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ from verifier.consensus.state_machine import HeightStateMachine
 
 KIND_ROUND_STATE = 3  # payload kind of a ConsensusMessage (types.py has 1: proposal, 2: vote)
 MAX_ROUNDS = 8  # rounds described in one RoundState
-MAX_VALUES = 4  # values per (round, vote type) in one RoundState
+MAX_VALUES = MAX_VALIDATORS  # values per (round, vote type) in one RoundState (see above)
 MAX_RELAY_MESSAGES = 256  # messages sent in answer to one RoundState
 MAX_RELAY_BYTES = WIRE.max_message_bytes  # (one proposal of the largest size; the shell also
 # answers one validator at most twice per gossip period: a peer that lies that it lacks
 # everything gets at most this much that often)
 _MAX_BITS_BYTES = (MAX_VALIDATORS + 7) // 8
+_MAX_REF_BYTES = 8 + 4 + HASH_BYTES + 4 + SIGNATURE_BYTES
 
 
 @dataclass(frozen=True)
@@ -57,11 +63,35 @@ class VoteBits:
 
 
 @dataclass(frozen=True)
+class ProposalRef:
+    """Which proposal a node holds for a round: what its proposer signed (pol round, block
+    hash) and the signature. A peer holding another one of that round learns from this alone
+    that the proposer signed two (DuplicateProposalEvidence), without a block being sent."""
+
+    pol_round: int
+    block_hash: bytes
+    signature: bytes
+
+    def encode(self) -> bytes:
+        return Writer().i64(self.pol_round).blob(self.block_hash).blob(self.signature).done()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "ProposalRef":
+        r = Reader(data)
+        ref = cls(r.i64(), r.fixed_or_empty(HASH_BYTES), r.blob(SIGNATURE_BYTES))
+        r.end()
+        if len(ref.block_hash) != HASH_BYTES or ref.pol_round < -1:
+            raise DecodeError("malformed proposal reference")
+        return ref
+
+
+@dataclass(frozen=True)
 class RoundEntry:
     round: int
     has_proposal: bool
     prevotes: tuple[VoteBits, ...]
     precommits: tuple[VoteBits, ...]
+    proposal: ProposalRef | None = None  # the proposal held (with has_proposal)
 
     def of(self, type_: VoteType) -> tuple[VoteBits, ...]:
         return self.prevotes if type_ is VoteType.PREVOTE else self.precommits
@@ -84,7 +114,7 @@ class RoundState:
     def _fields(self, w: Writer) -> Writer:
         w.u32(self.validator).u64(self.seq).u64(self.height).u32(self.round).u8(self.step).u32(len(self.rounds))
         for e in self.rounds:
-            w.u32(e.round).u8(int(e.has_proposal))
+            w.u32(e.round).u8(int(e.has_proposal)).blob(e.proposal.encode() if e.proposal else b"")
             for bits in (e.prevotes, e.precommits):
                 w.u32(len(bits))
                 for b in bits:
@@ -103,12 +133,13 @@ class RoundState:
         head = (r.u32(), r.u64(), r.u64(), r.u32(), r.u8())
         entries = []
         for _ in range(r.count(MAX_ROUNDS)):
-            round_, has = r.u32(), r.u8()
-            if has > 1:
-                raise DecodeError("has_proposal must be 0 or 1")
+            round_, has, ref = r.u32(), r.u8(), r.blob(_MAX_REF_BYTES)
+            if has > 1 or (ref and not has):
+                raise DecodeError("has_proposal must be 0 or 1 (and 1 with a proposal reference)")
+            proposal = ProposalRef.decode(ref) if ref else None
             lists = [tuple(VoteBits(r.fixed_or_empty(HASH_BYTES), r.blob(_MAX_BITS_BYTES))
                            for _ in range(r.count(MAX_VALUES))) for _ in range(2)]
-            entries.append(RoundEntry(round_, bool(has), lists[0], lists[1]))
+            entries.append(RoundEntry(round_, bool(has), lists[0], lists[1], proposal))
         state = cls(*head, tuple(entries), r.blob(SIGNATURE_BYTES))
         r.end()
         return state
@@ -140,8 +171,13 @@ def describe(sm: HeightStateMachine, me: int, seq: int) -> RoundState:
     """This node's RoundState (unsigned): the rounds a peer can help with, most useful first."""
     n = len(sm.validators)
     entries = tuple(RoundEntry(r, r in sm.proposals, _bits(sm, r, VoteType.PREVOTE, n),
-                               _bits(sm, r, VoteType.PRECOMMIT, n)) for r in _rounds_to_describe(sm))
+                               _bits(sm, r, VoteType.PRECOMMIT, n), _ref(sm.proposals.get(r)))
+                    for r in _rounds_to_describe(sm))
     return RoundState(me, seq, sm.height, max(sm.round, 0), int(sm.step), entries)
+
+
+def _ref(p: Proposal | None) -> ProposalRef | None:
+    return ProposalRef(p.pol_round, p.block.hash(), p.signature) if p is not None else None
 
 
 def _rounds_to_describe(sm: HeightStateMachine) -> list[int]:
@@ -160,7 +196,7 @@ def _rounds_to_describe(sm: HeightStateMachine) -> list[int]:
 
 def _bits(sm: HeightStateMachine, round_: int, type_: VoteType, n: int) -> tuple[VoteBits, ...]:
     out = []
-    for value, _ in sm.votes.values(round_, type_)[:MAX_VALUES]:
+    for value, _ in sm.votes.values(round_, type_):  # (at most n: see the module docstring)
         bits = bytearray((n + 7) // 8)
         for v in sm.votes.votes_for(round_, type_, value):
             bits[v.validator // 8] |= 1 << (v.validator % 8)
@@ -169,11 +205,19 @@ def _bits(sm: HeightStateMachine, round_: int, type_: VoteType, n: int) -> tuple
 
 
 def well_formed(state: RoundState, n: int) -> bool:
-    """Bitmaps sized for the committee, at most one entry per round."""
+    """Bitmaps sized for the committee, at most one entry per round, at most n distinct values
+    per (round, type) (what an honest keeper can hold)."""
     size = (n + 7) // 8
     rounds = [e.round for e in state.rounds]
-    return len(set(rounds)) == len(rounds) and all(
-        len(b.bits) == size for e in state.rounds for b in e.prevotes + e.precommits)
+    if len(set(rounds)) != len(rounds):
+        return False
+    for e in state.rounds:
+        for listed in (e.prevotes, e.precommits):
+            if len(listed) > n or len({b.value for b in listed}) != len(listed):
+                return False
+            if any(len(b.bits) != size for b in listed):
+                return False
+    return True
 
 
 def verify(state: RoundState, chain_id: str, public_key: bytes) -> bool:

@@ -1,11 +1,12 @@
-"""The verifier node: the async shell around the pure consensus core.
+"""The consensus node: the async shell around the pure consensus core.
 
-It owns everything with side effects: the gRPC/TLS `Verifier` service (consensus traffic,
-transactions, queries, status, block sync), per-peer pinned channels, timers, the write-ahead
-log, the signer's state file, the block store, the mempool, and the replicated application,
-driven exactly through `verifier.abci.interface`. All consensus work runs on the event loop
-thread: a driver call and the effects it returns are performed without an `await` in
-between, so the core never sees interleaved inputs.
+It owns everything of consensus with side effects: per-peer pinned channels and the ordered
+stream of consensus messages to each, timers, the write-ahead log, the signer's state file, the
+block store, the mempool, block sync, and the application it drives, which it knows only as
+`verifier.abci.interface.Application` (the composition root, verifier/node.py, hands it the
+registry application and serves its RPCs). All consensus work runs on the event loop thread: a
+driver call and the effects it returns are performed without an `await` in between, so the core
+never sees interleaved inputs.
 
 Start-up (CometBFT's handshake): InitChain on an empty application; replay into the app the
 blocks the store holds beyond the app's height (a crash between saving a block and committing
@@ -27,31 +28,32 @@ import grpc
 
 from gentorrent import failpoints
 from gentorrent.config import WIRE
-from gentorrent.crypto.keys import NodeKeys
-from gentorrent.crypto.tls import TlsIdentity, new_server, pinned_channel
+from gentorrent.crypto.keys import Identity
+from gentorrent.crypto.tls import pinned_channel
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from verifier.abci.interface import Application, BlockContext, ValidatorInfo
 from verifier.consensus.blockstore import BlockStore
+from verifier.consensus.boots import boot_state_seq
 from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, SendTo, StartTimer,
                                        TimeoutFired, within_drift)
 from verifier.consensus.gossip import RoundState, decode_payload, encode_payload
 from verifier.consensus.home import DATA_DIR, NodeConfig
 from verifier.consensus.privval import PrivValidator
-from gentorrent.ledger.chain import (Block, Commit, DecodeError, DirectoryProofCodec,
-                                      DuplicateVoteEvidence, make_block, sha256, verify_commit)
+from verifier.consensus.valsets import ValidatorHistory
+from gentorrent.ledger.chain import (Block, Commit, DecodeError,
+                                      Evidence, make_block, sha256, verify_commit)
 from verifier.consensus.wal import WriteAheadLog
-from gentorrent.ledger.genesis import Genesis
+from gentorrent.ledger.genesis import Genesis, GenesisValidator
 
 log = logging.getLogger(__name__)
 
-VERSION = "gt-verifier/0.1"
 CODE_MEMPOOL_FULL = 90  # node-level SubmitTx refusals (the app's codes are below 64)
 CODE_IN_MEMPOOL = 91
 CODE_OVERSIZE = 2  # same meaning as gentorrent.ledger.txs.CODE_OVERSIZE
 BLOCKS_PER_SYNC_CALL = 100
 PEER_QUEUE = 4096
-FORWARDED_KEY = "x-gt-forwarded"
+FORWARDED_KEY = "x-gt-forwarded"  # SubmitTx metadata: a transaction a peer forwarded (not forwarded again)
 
 
 class AppHashMismatch(RuntimeError):
@@ -71,9 +73,10 @@ class ChainHost:
     def __init__(self, genesis: Genesis, app: Application, store: BlockStore, me_key: bytes,
                  mempool: "Mempool", config: NodeConfig) -> None:
         self.genesis = genesis
-        self.validators = genesis.validator_set()
         self.app = app
         self.store = store
+        self.history = ValidatorHistory.load(genesis.validator_set(), store.all_updates())
+        self.validators_at = self.history.at  # (driver.Host: the committee of each height)
         self.me_key = me_key
         self.mempool = mempool
         self.config = config
@@ -94,19 +97,20 @@ class ChainHost:
             self.last_time_ms = self.last_block.header.time_ms
 
     def _ctx(self, height: int, time_ms: int, proposer: bytes, block_hash: bytes,
-             evidence: tuple[DuplicateVoteEvidence, ...]) -> BlockContext:
-        misbehaving = tuple(sorted({self.validators[e.vote_a.validator].public_key for e in evidence}))
+             evidence: tuple[Evidence, ...]) -> BlockContext:
+        misbehaving = tuple(sorted({self.history.at(e.height)[e.validator].public_key
+                                    for e in evidence}))
         return BlockContext(height=height, time_ms=time_ms, proposer=proposer, hash=block_hash,
                             misbehavior=misbehaving)
 
-    def make_block(self, height: int, round_: int, evidence: tuple[DuplicateVoteEvidence, ...]) -> Block:
+    def make_block(self, height: int, round_: int, evidence: tuple[Evidence, ...]) -> Block:
         time_ms = max(int(time.time() * 1000), self.last_time_ms + 1)
         ctx = self._ctx(height, time_ms, self.me_key, b"", evidence)
         txs = self.app.prepare_proposal(self.mempool.batch(self.config.max_block_txs),
                                         self.config.max_block_bytes, ctx)
         return make_block(self.genesis.chain_id, height, time_ms, self.me_key,
                           self.last_block.hash() if self.last_block else b"", self.last_commit,
-                          tuple(txs), self.validators, self.app_hash, evidence)
+                          tuple(txs), self.history.at(height), self.app_hash, evidence, self.history.at(height + 1))
 
     def timely(self, block: Block) -> bool:
         """A live proposal's time against this node's clock (prevote nil if too far ahead)."""
@@ -127,9 +131,11 @@ class ChainHost:
             return False
         if h.last_block_hash != (self.last_block.hash() if self.last_block else b""):
             return False
-        if h.last_app_hash != self.app_hash or h.validators_hash != self.validators.hash():
+        validators = self.history.at(h.height)
+        if (h.last_app_hash != self.app_hash or h.validators_hash != validators.hash()
+                or h.next_validators_hash != self.history.at(h.height + 1).hash()):
             return False
-        if self.validators.index_of(h.proposer) is None or h.time_ms <= self.last_time_ms:
+        if validators.index_of(h.proposer) is None or h.time_ms <= self.last_time_ms:
             return False
         if len(block.txs) > self.config.max_block_txs or sum(map(len, block.txs)) > self.config.max_block_bytes:
             return False
@@ -137,7 +143,8 @@ class ChainHost:
             try:
                 if block.last_commit is None:
                     return False
-                verify_commit(block.last_commit, h.chain_id, self.validators, self.height, h.last_block_hash)
+                verify_commit(block.last_commit, h.chain_id, self.history.at(self.height), self.height,
+                              h.last_block_hash)
             except ValueError:
                 return False
         elif block.last_commit is not None:
@@ -147,6 +154,7 @@ class ChainHost:
 
     def apply(self, block: Block, commit: Commit, save: bool = True) -> None:
         """Execute a decided block: store it, FinalizeBlock, Commit."""
+        failpoints.hit("verifier.before_apply")
         if block.header.last_app_hash != self.app_hash:
             raise AppHashMismatch(
                 f"block {block.height} certifies app hash {block.header.last_app_hash.hex()[:16]}… after "
@@ -158,6 +166,11 @@ class ChainHost:
         result = self.app.finalize_block(block.txs, self._ctx(h.height, h.time_ms, h.proposer, block.hash(),
                                                               block.evidence))
         failpoints.hit("verifier.after_finalize")
+        updates = tuple((u.public_key, u.power) for u in result.validator_updates)
+        if self.history.record(block.height, updates) is not None:  # (invalid updates stop the node here)
+            log.info("committee changes from height %d: %d validator updates of block %d", block.height + 2,
+                     len(updates), block.height)
+        self.store.save_updates(block.height, updates)  # (before Commit: see BlockStore.save_updates)
         self.app.commit()
         failpoints.hit("verifier.after_commit")
         self.app_hash = result.app_hash
@@ -212,7 +225,7 @@ class Mempool:
 
 @dataclass
 class Peer:
-    index: int
+    public_key: bytes
     name: str
     address: str
     channel: grpc.aio.Channel
@@ -227,23 +240,21 @@ class Peer:
 # --------------------------------------------------------------------------- node
 
 
-class VerifierNode:
-    def __init__(self, home: Path, app: Application | None = None, listen: str | None = None) -> None:
+class ConsensusNode:
+    """One committee member's consensus over `app`: its own keys, its home's data directory,
+    its peers from the genesis."""
+
+    def __init__(self, home: Path, genesis: Genesis, identity: Identity, config: NodeConfig,
+                 app: Application) -> None:
         self.home = Path(home)
-        self.config = NodeConfig.load(self.home)
-        self.genesis = Genesis.load(self.home)
-        keys = NodeKeys.load_or_create(self.home)
-        self.identity = keys.identity
-        self.tls = TlsIdentity.load_or_create(self.home, self.identity)
+        self.config = config
+        self.genesis = genesis
+        self.identity = identity
         self.validators = self.genesis.validator_set()
         self.me = self.validators.index_of(self.identity.public_key)
         self.timeouts = self.config.consensus_timeouts()
-        self.listen = listen or self.config.listen
         data = self.home / DATA_DIR
         data.mkdir(parents=True, exist_ok=True)
-        if app is None:
-            from verifier.abci.app import RegistryApp
-            app = RegistryApp(data / "app.sqlite")
         self.app = app
         self.store = BlockStore(data / "blocks.sqlite")
         self.wal = WriteAheadLog(data / "cs.wal")
@@ -253,53 +264,100 @@ class VerifierNode:
                               self.config)
         self.driver = Driver(self.genesis.chain_id, self.validators, self.me, self.privval, self.host,
                              self.timeouts, journal=self.wal.append, timely=self.host.timely,
-                             state_signer=self.identity.sign, state_seq=time.time_ns() // 1000)
+                             state_signer=self.identity.sign, state_seq=boot_state_seq(data),
+                             my_key=self.identity.public_key)
         self.gossip = {"states_sent": 0, "states_received": 0, "states_answered": 0, "relayed": 0}
         self._state_answered: dict[int, float] = {}  # validator -> when its last state was answered
-        self.peers: dict[int, Peer] = {}
-        self.port = 0
-        self.server: grpc.aio.Server | None = None
+        self.peers: dict[bytes, Peer] = {}  # public key -> the member's channel
+        #: who a member is (address, certificate) by key: the genesis file's members, and those
+        #: the chain added (the application's /committee cards)
+        self.member_records = self._member_records
+        self.committee_keys: set[bytes] = {v.public_key for v in self.validators}  # (updated in place)
         self.last_commit_time_ms = 0
         self.commit_log: deque[tuple[int, float, int]] = deque(maxlen=10_000)  # (height, t, n_txs)
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: list[asyncio.Task] = []
         self._catchup: asyncio.Task | None = None
-        self._directory: tuple[int, bytes] | None = None  # (app height, /directory value)
         self._committed = asyncio.Event()  # set (and replaced) at every commit
         self._stopping = False
         self._halted: str | None = None
+        self.halt_event = asyncio.Event()  # set when consensus halts: `gt-verifier start` then exits non-zero
         self._loop: asyncio.AbstractEventLoop | None = None
         self._height_started_at = time.monotonic()
-        self.epochs = None  # verification epochs: a verifier.epochs.runner.EpochRunner, when epochs run here
-        self.audits = None  # the audit desk: a verifier.epochs.audit_service.AuditService, when it runs here
+
+    @property
+    def halted(self) -> str | None:
+        """Why consensus stopped on this node (an app hash mismatch, an app failure), or None."""
+        return self._halted
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Handshake with the application (InitChain, replay), then consensus with the peers.
+        The caller serves this node's RPCs (verifier/node.py) before peers call them."""
         self._loop = asyncio.get_running_loop()
         self._handshake()
-        self.server, self.port = new_server(self.tls, self.listen)
-        rpc.add_VerifierServicer_to_server(_Service(self), self.server)
-        await self.server.start()
-        for i, v in enumerate(self.genesis.validators):
-            if i == self.me:
-                continue
-            channel = pinned_channel(v.address, v.tls_cert_pem)
-            peer = Peer(i, v.name, v.address, channel, rpc.VerifierStub(channel), asyncio.Queue(PEER_QUEUE))
-            peer.task = asyncio.create_task(self._sender(peer))
-            self.peers[i] = peer
+
+    def connect(self) -> None:
+        """Open the pinned channel to every member of the next two heights and enter the next height."""
+        self._reconcile_peers()
         h = self.host.height + 1
         self._perform(self.driver.start_height(h, replay=self.wal.replay_from(h)))
         self._tasks.append(asyncio.create_task(self._ticker()))
-        log.info("verifier %s (%s) serving on port %d at height %d", self.identity.node_id_hex[:12],
-                 "validator %d" % self.me if self.me is not None else "observer", self.port, h)
-        if failpoints.armed():
-            log.warning("failpoints armed (test build of a crash): %s", failpoints.spec(failpoints.armed()))
+
+    def _member_records(self) -> dict[bytes, GenesisValidator]:
+        records = {v.public_key: v for v in self.genesis.validators}
+        q = self.app.query("/committee", b"", 0)
+        if q.code == 0:
+            for card in json.loads(q.value)["cards"]:
+                v = GenesisValidator.from_json(card)
+                records[v.public_key] = v
+        return records
+
+    def committee_view(self) -> dict:
+        """The committee signing the next block and the members removed, by name (status page,
+        metrics): who was proven to double-sign is named here."""
+        records = self.member_records()
+        members = [{"name": records[v.public_key].name if v.public_key in records else "?",
+                    "public_key": v.public_key.hex(), "power": v.power,
+                    "address": records[v.public_key].address if v.public_key in records else ""}
+                   for v in self.host.validators_at(self.host.height + 1)]
+        q = self.app.query("/committee", b"", 0)
+        removed = json.loads(q.value)["removed"] if q.code == 0 else []
+        for r in removed:
+            key = bytes.fromhex(r["public_key"])
+            r["name"] = r["name"] or (records[key].name if key in records else key.hex()[:16])
+        return {"members": members, "removed": removed}
+
+    def _reconcile_peers(self) -> None:
+        """Channels to the members of the next two heights' committees (what this node sends to
+        and fetches from), opened for newcomers and closed for those who left both."""
+        h = self.host.height
+        wanted = {v.public_key for height in (h + 1, h + 2) for v in self.host.validators_at(height)}
+        current = {v.public_key for v in self.host.validators_at(h + 1)}
+        if current != self.committee_keys:  # (the epoch runner reads this set: who its peers are)
+            self.committee_keys.clear()
+            self.committee_keys.update(current)
+        wanted.discard(self.identity.public_key)
+        records = self.member_records()
+        for key in sorted(wanted - set(self.peers)):
+            v = records.get(key)
+            if v is None:
+                log.warning("member %s… has no known address yet: not dialled", key.hex()[:16])
+                continue
+            channel = pinned_channel(v.address, v.tls_cert_pem)
+            peer = Peer(key, v.name, v.address, channel, rpc.VerifierStub(channel), asyncio.Queue(PEER_QUEUE))
+            peer.task = asyncio.create_task(self._sender(peer))
+            self.peers[key] = peer
+        for key in sorted(set(self.peers) - wanted):
+            peer = self.peers.pop(key)
+            if peer.task:
+                peer.task.cancel()
+            self._tasks.append(asyncio.create_task(peer.channel.close()))
 
     async def stop(self) -> None:
+        """Stop deciding: timers, the peers' senders, block sync (the files stay open: `close`)."""
         self._stopping = True
-        if self.epochs is not None:
-            await self.epochs.stop()
         for t in self._timers:
             t.cancel()
         tasks = list(self._tasks) + [p.task for p in self.peers.values() if p.task]
@@ -308,16 +366,13 @@ class VerifierNode:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.server:
-            await self.server.stop(grace=0.5)
+
+    async def close(self) -> None:
         for p in self.peers.values():
             await p.channel.close()
         self.wal.close()
         self.privval.close()
         self.store.close()
-        close = getattr(self.app, "close", None)
-        if close:
-            close()
 
     def _handshake(self) -> None:
         info = self.app.info()
@@ -366,7 +421,8 @@ class VerifierNode:
             self._enqueue(peer, data)
 
     def _send_to(self, index: int, msg) -> None:
-        peer = self.peers.get(index)
+        vs = self.driver.validators  # (effects name peers by their index in this height's committee)
+        peer = self.peers.get(vs[index].public_key) if 0 <= index < len(vs) else None
         if peer is None:
             return
         if isinstance(msg, RoundState):
@@ -403,6 +459,7 @@ class VerifierNode:
         self.driver.block_applied(block)
         self.mempool.remove(block.txs)
         self.mempool.recheck(self.app)
+        self._reconcile_peers()  # (a committee change of two blocks ago takes effect)
         self._notify_commit()
         now = time.time()
         self.last_commit_time_ms = int(now * 1000)
@@ -423,6 +480,7 @@ class VerifierNode:
 
     def _halt(self, reason: str) -> None:
         self._halted = reason
+        self.halt_event.set()
         log.critical("CONSENSUS HALTED: %s", reason)
         for t in self._timers:
             t.cancel()
@@ -431,7 +489,8 @@ class VerifierNode:
         self._committed.set()
         self._committed = asyncio.Event()
 
-    async def _wait_height(self, height: int, timeout: float) -> bool:
+    async def wait_height(self, height: int, timeout: float) -> bool:
+        """Whether this node committed `height` within `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while self.host.height < height:
             left = deadline - time.monotonic()
@@ -510,6 +569,8 @@ class VerifierNode:
 
     async def _catch_up(self, height: int, peer: int | None) -> None:
         """Fetch decided blocks with their commits from peers until past `height`."""
+        vs = self.driver.validators
+        peer = vs[peer].public_key if peer is not None and 0 <= peer < len(vs) else None
         await asyncio.sleep(2 * self.timeouts.precommit_s)  # it may still arrive by consensus
         if self.host.height >= height or self._stopping:
             return
@@ -518,16 +579,19 @@ class VerifierNode:
         if peer in self.peers:
             order.remove(peer)
             order.insert(0, peer)
-        for index in order:
+        for key in order:
+            source = self.peers.get(key)
+            if source is None:  # (it left the committee meanwhile)
+                continue
             try:
-                while await self._sync_from(self.peers[index]):
+                while await self._sync_from(source):
                     pass
             except grpc.aio.AioRpcError as exc:
-                log.info("block sync from %s failed: %s %s", self.peers[index].name, exc.code().name,
+                log.info("block sync from %s failed: %s %s", source.name, exc.code().name,
                          (exc.details() or "")[:120])
                 continue
             except (asyncio.TimeoutError, DecodeError, ValueError) as exc:
-                log.info("block sync from %s failed: %s", self.peers[index].name, exc)
+                log.info("block sync from %s failed: %s", source.name, exc)
                 continue
             if self.host.height >= height:
                 return
@@ -578,83 +642,20 @@ class VerifierNode:
                 pass
         await asyncio.gather(*(one(p) for p in self.peers.values()))
 
-    async def query(self, path: str, data: bytes, height: int) -> pb.QueryReply:
-        if path == "/directory":
-            return await self._directory_reply()
-        q = self.app.query(path, data, height)
-        return pb.QueryReply(code=q.code, log=q.log, value=q.value, height=q.height)
+    def peer_stub(self, public_key: bytes) -> rpc.VerifierStub | None:
+        """The pinned stub of the committee member with this key (None: not a peer)."""
+        peer = self.peers.get(public_key)
+        return peer.stub if peer is not None else None
 
-    async def _directory_reply(self) -> pb.QueryReply:
-        """The directory at app height H with its proof: header and commit of block H+1.
-
-        The app answers only for its latest state, whose proof does not exist yet; the value
-        is taken now and the reply waits for the next block (one block interval). A value
-        taken at the previous height is reused while it is at most one block old.
-        """
-        cached = self._directory
-        if cached is None or cached[0] < self.host.height - 1:
-            q = self.app.query("/directory", b"", 0)
-            if q.code != 0:
-                return pb.QueryReply(code=q.code, log=q.log)
-            cached = self._directory = (q.height, q.value)
-        h, value = cached
-        wait = 2 * (self.timeouts.propose(0) + self.timeouts.prevote(0) + self.timeouts.precommit(0)
-                    + self.timeouts.commit_s)
-        if not await self._wait_height(h + 1, wait):
-            return pb.QueryReply(code=1, log=f"the committee has not committed block {h + 1} yet; retry")
-        raw = self.store.load_raw(h + 1)
-        block, commit = Block.decode(raw[0]), raw[1]
-        proof = DirectoryProofCodec.encode(h, block.header.encode(), commit)
-        return pb.QueryReply(code=0, value=value, height=h, proof=proof)
-
-    # ------------------------------------------------------------------ verification epochs
-
-    def epoch_host(self):
-        """What verifier.epochs.runner.EpochRunner needs from this node."""
-        from verifier.epochs.runner import RunnerHost
-
-        keys = NodeKeys.load_or_create(self.home)
-
-        def query(path: str) -> tuple[int, bytes]:
-            q = self.app.query(path, b"", 0)
-            return q.code, q.value
-
-        async def submit(tx: bytes) -> tuple[int, str]:
-            reply = await self.submit_tx(tx, forwarded=False)
-            return reply.code, reply.log
-
-        return RunnerHost(self.identity, keys.onion.private_key, keys.onion.public_key, self.genesis.chain_id,
-                          {v.public_key for v in self.genesis.validators}, query, submit, self.send_private)
-
-    async def send_private(self, public_key: bytes, payload: bytes) -> bool:
-        """One Private message to the committee member with this key (pinned TLS)."""
-        for i, v in enumerate(self.genesis.validators):
-            if v.public_key == public_key and i in self.peers:
-                try:
-                    ack = await self.peers[i].stub.Private(pb.PrivateMessage(payload=payload), timeout=5.0)
-                except grpc.aio.AioRpcError:
-                    return False
-                return ack.ok
-        return False
-
-    def on_private(self, payload: bytes) -> pb.Ack:
-        if self.epochs is None:
-            return pb.Ack(ok=False, reason="verification epochs do not run on this node")
-        return self.epochs.on_private(payload)
-
-    def on_audit(self, sealed: bytes, channel: str) -> pb.AuditAck:
-        """A sealed audit a user's proxy hands on (verifier/epochs/audit_service.py)."""
-        if self.audits is None:
-            return pb.AuditAck(accepted=False, reason="this member takes no audits")
-        return self.audits.submit_sealed(sealed, channel)
-
-    def status(self) -> pb.VerifierStatusReply:
+    def status(self) -> dict:
+        """What consensus looks like on this node (the composition root's status adds the rest)."""
         now = time.time()
-        peers = [f"{p.name}@{p.address}" for p in self.peers.values() if now - p.last_ok < 5.0]
         sm = self.driver.sm
-        detail = {
+        return {
             "chain_id": self.genesis.chain_id, "node_id": self.identity.node_id_hex,
-            "validator_index": self.me, "height": self.host.height, "app_hash": self.host.app_hash.hex(),
+            "validator_index": self.driver.me, "height": self.host.height, "app_hash": self.host.app_hash.hex(),
+            "committee": {"size": len(self.driver.validators), "power": self.driver.validators.total_power,
+                          "since_height": self.driver.validators.start_height, **self.committee_view()},
             "consensus": {"height": self.driver.height, "round": sm.round if sm else -1,
                           "step": sm.step.name if sm else None},
             "peers": {p.name: {"address": p.address, "sent": p.sent, "failed": p.failed,
@@ -667,12 +668,12 @@ class VerifierNode:
             "next_height_buffered": dict(zip(("messages", "bytes"), self.driver.buffered_future())),
             "gossip": dict(self.gossip),
             "signatures": self.privval.signed_count, "wal_syncs": self.wal.syncs,
-            "epochs": self.epochs.status() if self.epochs is not None else None,
         }
-        return pb.VerifierStatusReply(node_id=self.identity.node_id_hex, height=self.host.height,
-                                      app_hash=self.host.app_hash, peers=peers,
-                                      last_commit_time_ms=self.last_commit_time_ms,
-                                      json=json.dumps(detail, sort_keys=True))
+
+    def live_peers(self, within_s: float = 5.0) -> list[str]:
+        """name@address of the peers heard from within the last `within_s` seconds."""
+        now = time.time()
+        return [f"{p.name}@{p.address}" for p in self.peers.values() if now - p.last_ok < within_s]
 
     def blocks(self, start: int, end: int):
         end = min(end, start + BLOCKS_PER_SYNC_CALL - 1, self.store.height)
@@ -681,40 +682,3 @@ class VerifierNode:
             if raw is None:
                 return
             yield pb.BlockWithCommit(block=raw[0], commit=raw[1])
-
-
-class _Service(rpc.VerifierServicer):
-    def __init__(self, node: VerifierNode) -> None:
-        self.node = node
-
-    async def SubmitTx(self, request, context):
-        forwarded = any(k == FORWARDED_KEY for k, _ in (context.invocation_metadata() or ()))
-        return await self.node.submit_tx(request.tx, forwarded)
-
-    async def Query(self, request, context):
-        if len(request.path) > 256:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "query path longer than 256 characters")
-        return await self.node.query(request.path, request.data, request.height)
-
-    async def Status(self, request, context):
-        return self.node.status()
-
-    async def Consensus(self, request, context):
-        return self.node.on_consensus_payload(request.payload)
-
-    async def GetBlocks(self, request, context):
-        if request.from_height < 1 or request.to_height < request.from_height:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "need 1 <= from_height <= to_height")
-        for item in self.node.blocks(request.from_height, request.to_height):
-            yield item
-
-    async def Private(self, request, context):
-        return self.node.on_private(request.payload)
-
-    async def SubmitAudit(self, request, context):
-        peer = context.peer() or ""
-        return self.node.on_audit(request.sealed, peer.rsplit(":", 1)[0])  # the proxy's host: one link
-
-    async def Health(self, request, context):
-        return pb.HealthReply(node_id=self.node.identity.node_id_hex, role="verifier", version=VERSION,
-                              serving=self.node._halted is None)

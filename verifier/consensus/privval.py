@@ -9,12 +9,16 @@ no signature ever leaves the node that a restarted node does not know about. Bef
 
 The state file has two fixed-size slots written alternately, each with a sequence number and
 a CRC: a write torn by a crash damages only the slot being written, and the other slot still
-holds the previous state. One in-place write and one fdatasync per signature (a temp file,
+holds the previous state. The first write goes to slot 1 and slot 0 is written only after it
+was durable, so "slot 0 never written, slot 1 invalid" is exactly a torn first write: its
+signature never left (`sign` returns only after the fdatasync), so the node restarts as never
+signed. Any other file without a valid slot is damage a crash cannot cause, and is refused. One in-place write and one fdatasync per signature (a temp file,
 rename and directory fsync would cost three syncs, on the critical path of every height).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
@@ -25,6 +29,8 @@ from gentorrent import failpoints
 from gentorrent.crypto.keys import Identity
 from verifier.consensus.driver import DoubleSignError
 from gentorrent.ledger.chain import Step
+
+log = logging.getLogger(__name__)
 
 
 class PrivValidator:
@@ -71,13 +77,17 @@ class PrivValidator:
             return
         if len(sign_bytes) > _MAX_SIGN_BYTES:
             raise ValueError(f"sign bytes of {len(sign_bytes)} exceed the slot size")
-        self._seq += 1
-        body = _SLOT_HEAD.pack(_MAGIC, self._seq, hrs[0], hrs[1], hrs[2], len(sign_bytes))
+        seq = self._seq + 1  # (counted only once durable: a failed write is retried in the same slot)
+        body = _SLOT_HEAD.pack(_MAGIC, seq, hrs[0], hrs[1], hrs[2], len(sign_bytes))
         body += sign_bytes.ljust(_MAX_SIGN_BYTES, b"\0") + signature.ljust(64, b"\0")
-        slot = body + struct.pack(">I", zlib.crc32(body))
+        self._write_slot(body + struct.pack(">I", zlib.crc32(body)), (seq % 2) * _SLOT_BYTES)
+        self._seq = seq
+
+    def _write_slot(self, slot: bytes, offset: int) -> None:
+        """Write one slot in place and make it durable (the one seam crash tests tear)."""
         if self._fd is None:
             self._fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.pwrite(self._fd, slot, (self._seq % 2) * _SLOT_BYTES)
+        os.pwrite(self._fd, slot, offset)
         os.fdatasync(self._fd)
 
     def _load(self) -> None:
@@ -94,9 +104,14 @@ class PrivValidator:
             if best is None or seq > best[0]:
                 best = (seq, (h, r, step), slot[off:off + n], slot[off + _MAX_SIGN_BYTES:off + _MAX_SIGN_BYTES + 64])
         if best is None:
-            if data.strip(b"\0"):
+            if data[:_SLOT_BYTES].strip(b"\0"):
                 raise ValueError(f"corrupt sign state {self.state_path}: no valid slot; refusing to start "
-                                 "(a validator that forgets what it signed may double-sign)")
+                                 "(a validator that forgets what it signed may double-sign). Restore the "
+                                 "file from a backup, or, only if this key signed nothing since, delete it")
+            if data.strip(b"\0"):  # slot 0 never written, slot 1 torn: the very first write
+                log.warning("sign state %s: its first write was torn by a crash; nothing was signed with it "
+                            "(a signature leaves only once its state is durable): starting as never signed",
+                            self.state_path)
             return
         self._seq, self.last, self.last_bytes, self.last_signature = best
 

@@ -10,8 +10,10 @@ same locked/valid state, and re-signs only what it already signed (same bytes).
 
 Record: u32 length, u32 CRC-32 of the payload, payload. A torn or corrupt tail (a crash in
 the middle of a write) ends the log there and is cut off on open. Payload kinds: a consensus
-message (types.encode_message), a timeout (step, height, round), and an end-of-height marker
-written after a block is applied; the file is rotated at such a marker when it grows large.
+message (types.encode_message), a timeout (step, height, round), a timeliness verdict (height,
+round, block hash, timely: the clock's say on a live proposal, so that replay never asks the
+clock again), and an end-of-height marker written after a block is applied; the file is
+rotated at such a marker when it grows large.
 """
 
 from __future__ import annotations
@@ -22,18 +24,18 @@ import struct
 import zlib
 from pathlib import Path
 
-from verifier.consensus.driver import TimeoutFired
-from gentorrent.ledger.chain import (DecodeError, Proposal, Reader, Step, Vote, Writer,
+from verifier.consensus.driver import Timeliness, TimeoutFired
+from gentorrent.ledger.chain import (HASH_BYTES, DecodeError, Proposal, Reader, Step, Vote, Writer,
                                       decode_message, encode_message)
 
 log = logging.getLogger(__name__)
 
-_MSG, _TIMEOUT, _END_HEIGHT = 1, 2, 3
+_MSG, _TIMEOUT, _END_HEIGHT, _TIMELY = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
 MAX_RECORD = 8 * 1024 * 1024
 ROTATE_BYTES = 8 * 1024 * 1024
 
-Event = Proposal | Vote | TimeoutFired
+Event = Proposal | Vote | TimeoutFired | Timeliness
 
 
 class WriteAheadLog:
@@ -42,6 +44,10 @@ class WriteAheadLog:
         self.rotate_bytes = rotate_bytes
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._records, valid_len = self._read_valid()
+        ends = [i for i, e in enumerate(self._records) if isinstance(e, int)]
+        #: events written after the last end-of-height marker: the only ones a rotation can keep
+        #: (a node logs inputs of its current height and early ones of the next, never later)
+        self._since_end: list[Event] = self._records[ends[-1] + 1:] if ends else list(self._records)
         with open(self.path, "ab") as f:
             if f.tell() != valid_len:
                 log.warning("WAL %s: cutting a torn tail of %d bytes", self.path, f.tell() - valid_len)
@@ -54,13 +60,17 @@ class WriteAheadLog:
 
     def append(self, event: Event) -> None:
         self._write(_encode(event))
+        self._since_end.append(event)
 
     def end_height(self, height: int) -> None:
         """Block `height` is applied: its inputs are no longer needed. (Not synced: replay
         selects records by height, the marker only tells where the log may be cut.)"""
         self._write(Writer().u8(_END_HEIGHT).u64(height).done())
+        later = [e for e in self._since_end if e.height > height]  # (early inputs of height + 1)
+        self._since_end = []
         if self._f.tell() > self.rotate_bytes:
-            self._rotate(height)
+            self._rotate(height, later)
+            self._since_end = later
 
     def sync(self) -> None:
         if not self._dirty:
@@ -80,11 +90,10 @@ class WriteAheadLog:
         self._f.write(_HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
         self._dirty = True
 
-    def _rotate(self, height: int) -> None:
+    def _rotate(self, height: int, later: list[Event]) -> None:
         """Start a fresh file (atomic rename) holding the end marker and the records of later
         heights that arrived early: they are inputs of the next height, like any other."""
         self._f.flush()
-        later = [e for e in self._read_valid()[0] if not isinstance(e, int) and e.height > height]
         tmp = self.path.with_suffix(".rotating")
         with open(tmp, "wb") as f:
             for payload in [Writer().u8(_END_HEIGHT).u64(height).done()] + [_encode(e) for e in later]:
@@ -140,6 +149,9 @@ class WriteAheadLog:
 def _encode(event: Event) -> bytes:
     if isinstance(event, TimeoutFired):
         return Writer().u8(_TIMEOUT).u8(event.step).u64(event.height).u32(event.round).done()
+    if isinstance(event, Timeliness):
+        return (Writer().u8(_TIMELY).u64(event.height).u32(event.round).blob(event.block_hash)
+                .u8(int(event.timely)).done())
     return bytes([_MSG]) + encode_message(event)
 
 
@@ -154,6 +166,11 @@ def _decode(payload: bytes) -> Event | int:
         ev = TimeoutFired(Step(r.u8()), r.u64(), r.u32())
     elif kind == _END_HEIGHT:
         ev = r.u64()
+    elif kind == _TIMELY:
+        height, round_, block_hash, timely = r.u64(), r.u32(), r.fixed_or_empty(HASH_BYTES), r.u8()
+        if timely > 1 or not block_hash:
+            raise DecodeError("malformed timeliness record")
+        ev = Timeliness(height, round_, block_hash, bool(timely))
     else:
         raise DecodeError(f"unknown WAL record kind {kind}")
     r.end()

@@ -19,9 +19,10 @@ from typing import Callable, Mapping, Protocol, Sequence
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gentorrent import audits, receipts
-from gentorrent.config import AUDITS, EPOCH_RUN, AuditParams, EpochRunParams
+from gentorrent.config import AUDITS, EPOCHS, AuditParams
 from gentorrent.ledger.epoch_txs import SCORE_SCALE
 from gentorrent.wire import gentorrent_pb2 as pb
+from gentorrent.ledger.sections import LOCAL_MODELS, decode_models
 from verifier.epochs.audits import AuditDesk, AuditRefused, audit_report, audit_score
 from verifier.epochs.donations import DonatedPool, donation_of
 from verifier.epochs.repeats import CommitteeMemory
@@ -29,19 +30,13 @@ from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AuditService", "epoch_span_ms", "service_for"]
+__all__ = ["AuditService", "service_for"]
 
 
 class Scorer(Protocol):
     """The member's reference model (verifier.epochs.reference.RemoteReference has it)."""
 
     async def score(self, request: pb.GenerateRequest, token_ids: list[int]) -> TokenScores: ...
-
-
-def epoch_span_ms(params: EpochRunParams = EPOCH_RUN) -> int:
-    """The longest an epoch runs: all of its phase deadlines."""
-    return (params.election_timeout_ms + params.plan_timeout_ms + params.probe_timeout_ms
-            + params.attest_timeout_ms)
 
 
 class AuditService:
@@ -57,7 +52,7 @@ class AuditService:
         self.models, self.reference, self.epoch, self.params = models, reference, epoch, params
         self.outputs = CommitteeMemory() if outputs is None else outputs
         self.audit_key = audit_key
-        self.span_ms = epoch_span_ms() if span_ms is None else span_ms
+        self.span_ms = EPOCHS.span_ms if span_ms is None else span_ms
         self.clock_ms = clock_ms
         self.desk = AuditDesk(epoch(), params, salt=secrets.token_bytes(32))
         self._scored: set[bytes] = set()  # receipt keys of the current desk already scored
@@ -180,14 +175,13 @@ def service_for(host, reference: Scorer, params: AuditParams = AUDITS,
                 outputs: CommitteeMemory | None = None) -> AuditService:
     """The desk of a verifier node (its RunnerHost): the registry and the epoch number from
     committed state, the member's box key as its audit key, its runner's memory of outputs."""
-    from gentorrent.ledger.sections import decode_directory
-
     def models() -> dict[bytes, pb.ModelEntry]:
-        code, value = host.query("/directory")
-        return {bytes(m.node_id): m for m in decode_directory(value).models} if code == 0 else {}
+        code, value = host.query(LOCAL_MODELS)
+        return {bytes(m.node_id): m for m in decode_models(value)} if code == 0 else {}
 
     def epoch() -> int:
         code, value = host.query("/epochs")
         return pb.EpochsSection.FromString(value).epoch if code == 0 else 0
 
-    return AuditService(models, reference, epoch, params, audit_key=host.box_private, outputs=outputs)
+    return AuditService(models, reference, epoch, params, span_ms=host.params.epochs.span_ms,
+                        audit_key=host.box_private, outputs=outputs)

@@ -58,7 +58,7 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs.scoring import SamplingSpec, ScoreReport, TokenScores, score_reply
 
 __all__ = ["AuditRefused", "AuditDesk", "sampling_spec_of", "audit_report", "audit_score",
-           "fold_credibility", "agree_audit_scores"]
+           "fold_credibility", "fold", "agree_audit_scores"]
 
 
 class AuditRefused(ValueError):
@@ -154,7 +154,12 @@ def audit_score(audit_scores: Sequence[float], params: AuditParams = AUDITS) -> 
 def fold_credibility(challenge: float | None, audit_scores: Sequence[float]) -> float | None:
     """A node's epoch credibility from its challenge score (None: not probed) and its audits'
     scores: the lower of the challenge and the audit score."""
-    audited = audit_score(audit_scores)
+    return fold(challenge, audit_score(audit_scores))
+
+
+def fold(challenge: float | None, audited: float | None) -> float | None:
+    """The lower of a challenge score and an audit score, either absent (None). The chain folds
+    the committee's agreed audit score with it (verifier.epochs.machine): no desk parameter."""
     if challenge is None:
         return audited
     return challenge if audited is None else min(challenge, audited)

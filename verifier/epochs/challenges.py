@@ -24,7 +24,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from gentorrent.config import EPOCHS, TRAFFIC, EpochParams, TrafficParams
+from gentorrent.config import MAX_NODES_PER_EPOCH_TX, TRAFFIC, TrafficParams
 from gentorrent.traffic import challenge as traffic_challenge
 from gentorrent.traffic.model import ChatRequest, TrafficError, TrafficPool
 
@@ -48,6 +48,7 @@ __all__ = [
 
 _COMMIT_DOMAIN = b"gentorrent/challenge-commitment/v2"
 COMMITMENT_LEN = 32
+NONCE_BYTES = 32  # a commitment's nonce: fixed-length, so (nonce, request) is unambiguous
 
 
 class ChallengeError(ValueError):
@@ -57,12 +58,12 @@ class ChallengeError(ValueError):
 # --------------------------------------------------------------------------- commitments
 
 
-def commit_request(nonce: bytes, request: ChatRequest, params: EpochParams = EPOCHS) -> bytes:
+def commit_request(nonce: bytes, request: ChatRequest) -> bytes:
     """SHA-256(domain || nonce || canonical request): it binds the messages and how the request
     samples and streams, so a leader cannot open it to a different request; the fixed-length
     nonce makes it unambiguous."""
-    if len(nonce) != params.challenge_nonce_bytes:
-        raise ChallengeError(f"nonce must be {params.challenge_nonce_bytes} bytes, got {len(nonce)}")
+    if len(nonce) != NONCE_BYTES:
+        raise ChallengeError(f"nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
     try:
         request.check()
     except TrafficError as exc:
@@ -70,10 +71,10 @@ def commit_request(nonce: bytes, request: ChatRequest, params: EpochParams = EPO
     return hashlib.sha256(_COMMIT_DOMAIN + nonce + request.canonical()).digest()
 
 
-def verify_reveal(commitment: bytes, nonce: bytes, request: ChatRequest, params: EpochParams = EPOCHS) -> bool:
+def verify_reveal(commitment: bytes, nonce: bytes, request: ChatRequest) -> bool:
     """Whether (nonce, request) opens `commitment`; malformed reveals are simply False."""
     try:
-        return hmac.compare_digest(commitment, commit_request(nonce, request, params))
+        return hmac.compare_digest(commitment, commit_request(nonce, request))
     except ChallengeError:
         return False
 
@@ -106,7 +107,7 @@ def epoch_probe_seed(block_hash: bytes, vrf_outputs: Sequence[bytes]) -> bytes:
     return h.digest()
 
 
-def select_probe_set(candidates: Iterable[str], seed: bytes, limit: int = EPOCHS.max_probed_nodes) -> list[str]:
+def select_probe_set(candidates: Iterable[str], seed: bytes, limit: int) -> list[str]:
     """The model nodes to probe: all of them, or a seeded sample of `limit` when there are more.
 
     Ranking by H(seed || node id) is deterministic and uniform. The chain computes it at the
@@ -160,26 +161,27 @@ class Reveal:
     request: ChatRequest
 
 
-def make_plan(epoch: int, reveals: Sequence[Reveal], params: EpochParams = EPOCHS) -> ChallengePlan:
+def make_plan(epoch: int, reveals: Sequence[Reveal], max_nodes: int = MAX_NODES_PER_EPOCH_TX) -> ChallengePlan:
     """The leader's plan from its chosen (node, nonce, request) triples, checked before use."""
     _check_unique_prompts(reveals)
     entries = tuple(
-        ChallengeEntry(r.node_id, commit_request(r.nonce, r.request, params))
+        ChallengeEntry(r.node_id, commit_request(r.nonce, r.request))
         for r in sorted(reveals, key=lambda r: r.node_id)
     )
     plan = ChallengePlan(epoch, entries)
-    check_plan(plan, {r.node_id for r in reveals}, params)
+    check_plan(plan, {r.node_id for r in reveals}, max_nodes)
     return plan
 
 
-def check_plan(plan: ChallengePlan, registered: Iterable[str], params: EpochParams = EPOCHS) -> None:
-    """Reject a plan with unknown or repeated nodes, repeated or malformed commitments, or too many nodes."""
+def check_plan(plan: ChallengePlan, registered: Iterable[str], max_nodes: int) -> None:
+    """Reject a plan with unknown or repeated nodes, repeated or malformed commitments, or more
+    than `max_nodes` nodes (the chain's epochs.max_probed_nodes)."""
     known = set(registered)
     ids = plan.node_ids
     if plan.epoch < 0:
         raise ChallengeError("negative epoch")
-    if len(ids) > params.max_probed_nodes:
-        raise ChallengeError(f"plan probes {len(ids)} nodes, more than {params.max_probed_nodes}")
+    if len(ids) > max_nodes:
+        raise ChallengeError(f"plan probes {len(ids)} nodes, more than {max_nodes}")
     if len(set(ids)) != len(ids):
         raise ChallengeError("a node appears twice in the plan")
     unknown = [n for n in ids if n not in known]
@@ -203,8 +205,7 @@ def _check_unique_prompts(reveals: Sequence[Reveal]) -> None:
         seen[key] = r.node_id
 
 
-def check_reveals(plan: ChallengePlan, reveals: Sequence[Reveal],
-                  params: EpochParams = EPOCHS) -> dict[str, ChatRequest]:
+def check_reveals(plan: ChallengePlan, reveals: Sequence[Reveal]) -> dict[str, ChatRequest]:
     """node id -> request, if the reveals open exactly the plan's commitments with unique prompts."""
     by_node: dict[str, Reveal] = {}
     for r in reveals:
@@ -215,7 +216,7 @@ def check_reveals(plan: ChallengePlan, reveals: Sequence[Reveal],
         raise ChallengeError("reveals do not cover exactly the planned nodes")
     for e in plan.entries:
         r = by_node[e.node_id]
-        if not verify_reveal(e.commitment, r.nonce, r.request, params):
+        if not verify_reveal(e.commitment, r.nonce, r.request):
             raise ChallengeError(f"the reveal for {e.node_id} does not open its commitment")
     _check_unique_prompts(reveals)
     return {n: by_node[n].request for n in plan.node_ids}

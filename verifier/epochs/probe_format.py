@@ -11,7 +11,7 @@ shape the traffic model drew: messages, sampling, streaming and session id as a 
 from __future__ import annotations
 
 from gentorrent.crypto.keys import Identity
-from gentorrent.receipts import request_prompt_hash, sampling_hash
+from gentorrent.receipts import request_prompt_hash, request_sampling_hash
 from gentorrent.traffic.model import ChatRequest
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier.epochs import vrf
@@ -29,8 +29,8 @@ def challenge_request(request: ChatRequest, model: str) -> pb.GenerateRequest:
 
 def receipt_matches_request(receipt: pb.ReplyReceipt, request: pb.GenerateRequest) -> bool:
     """Whether a signed receipt covers exactly this prompt and these sampling parameters."""
-    return receipt.prompt_hash == request_prompt_hash(request) and receipt.sampling_hash == sampling_hash(
-        request.sampling)
+    return (receipt.prompt_hash == request_prompt_hash(request)
+            and receipt.sampling_hash == request_sampling_hash(request))
 
 
 def vrf_secret_of(identity: Identity) -> bytes:

@@ -40,6 +40,7 @@ __all__ = [
     "initial_state",
     "update",
     "epoch_credibility",
+    "robust_credibility",
     "update_all",
     "is_punished",
     "probation_required",
@@ -145,6 +146,30 @@ def epoch_credibility(scores: Iterable[float]) -> float:
     for value in values:
         _check_unit(value, "challenge score")
     return math.fsum(values) / len(values)
+
+
+def robust_credibility(scores: Iterable[float], params: ReputationParams = REPUTATION) -> float:
+    """C(T) from the node's several challenges of one epoch, robust to `outliers_ignored` of them:
+    their (outliers_ignored + 1)-th lowest score, never ignoring half of them or more (one
+    challenge: its score; two: the lower; three: the median).
+
+    Why not the mean (the paper's) or one challenge: one honest reply the scorer calls abnormal (a
+    0.34 in the demo) pulls C(T) under tau, and two such epochs within the window untrust an honest
+    node (and one, when R was just under 1: 0.4 R + 0.6 * 0 < 0.4). With m = 6 challenges and two
+    outliers ignored, an honest node with a per-reply abnormal rate p has an abnormal epoch with
+    probability ~20 p^3 (1.6e-4 at p = 2 %), while a cheater whose replies are abnormal with
+    probability q has one with P(Binomial(6, q) >= 3) (66 % at q = 1/2): bench/detection.py
+    (robust_rule) shows 0 of 1,000 honest runs untrusted at p = 2 % and every recorded cheater
+    kind untrusted within 5 epochs in >= 96 % of runs. With one challenge it is that score.
+    """
+    values = sorted(float(v) for v in scores)
+    if not values:
+        raise ReputationError("no challenge score in this epoch")
+    for value in values:
+        _check_unit(value, "challenge score")
+    if params.outliers_ignored < 0:
+        raise ReputationError("outliers_ignored must be >= 0")
+    return values[min(params.outliers_ignored, (len(values) - 1) // 2)]
 
 
 def update_all(

@@ -1,6 +1,6 @@
 """The epoch driver inside a verifier process (the async shell of ARCHITECTURE.md §3.5).
 
-It watches the committed epochs section (verifier.epochs.rules) and does this member's part
+It watches the committed epochs section (verifier.epochs.machine) and does this member's part
 of each phase, once, by submitting signed epoch transactions to its own node:
 
     no keys yet    register the VRF and X25519 keys (epoch_member_keys)
@@ -29,8 +29,8 @@ The challenge pool (gentorrent.traffic) is loaded once per process, off the even
 
 Everything it decides on comes from committed state, so a restarted runner simply picks up where
 the chain is. Transactions it may have sent twice are refused by the app and ignored here.
-`LeaderFaults` makes a leader misbehave on purpose (drop, alter or forge replies; tests of
-faulty-leader detection only).
+How this member leads is one hook, `LeaderConduct` (honest here); the tests of faulty-leader
+detection plug a misbehaving one in (testkit/leader_faults.py), which no product code can reach.
 """
 
 from __future__ import annotations
@@ -42,22 +42,22 @@ import json
 import logging
 import secrets
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
-from gentorrent.config import EPOCH_RUN, EPOCHS, EpochRunParams
+from gentorrent.config import EPOCH_RUN, EpochRunParams
 from gentorrent.crypto.keys import Identity
-from gentorrent import receipts
 from gentorrent.traffic.corpus import load_corpus
 from gentorrent.traffic.model import ChatRequest, TrafficPool
 from gentorrent.wire import gentorrent_pb2 as pb
-from verifier.epochs import rules
 from gentorrent.ledger import epoch_txs
-from gentorrent.ledger.sections import decode_directory
+from gentorrent.ledger.chain_params import ChainParams
+from gentorrent.ledger.epoch_txs import Phase
+from verifier.epochs import machine
+from gentorrent.ledger.sections import LOCAL_MODELS, decode_models
 from verifier.epochs import vrf
-from verifier.epochs.challenges import (ChallengeError, Reveal, commit_request, donated_challenge, draw_challenge,
-                                        prompt_key, select_probe_set, verify_reveal)
+from verifier.epochs.challenges import (NONCE_BYTES, ChallengeError, Reveal, commit_request, donated_challenge,
+                                        draw_challenge, prompt_key, select_probe_set, verify_reveal)
 from verifier.epochs.private import PrivateError, RevealBundle, open_private, seal_replies, seal_reveals
 from verifier.epochs.reply_commitments import (is_forwarded, node_lookup, private_reply_problem, public_reply,
                                                signature_problem)
@@ -67,8 +67,7 @@ from verifier.epochs.scoring import SamplingSpec, ScoringError, score_reply
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EpochRunner", "LeaderFaults", "Prober", "Reference", "ProbeAnswer", "ProbeFailed", "FORGED_TOKENS",
-           "forged_receipt"]
+__all__ = ["EpochRunner", "LeaderConduct", "Prober", "Reference", "ProbeAnswer", "ProbeFailed"]
 
 
 class ProbeFailed(RuntimeError):
@@ -104,31 +103,18 @@ def _load_pool() -> TrafficPool:
     return TrafficPool.build(load_corpus().challenge)
 
 
-@dataclass
-class LeaderFaults:
-    """Deliberate leader misbehaviour, for tests: node ids (hex) whose reply is dropped
-    (reported missing), altered (a token changed after the node signed), forged (never asked:
-    the leader posts text of its own with a well-formed receipt that names the node but carries
-    the leader's signature, as a leader framing an honest node or vouching for a cheat would) or
-    omitted (left out of the plan, as a leader shielding a cheater from probes would)."""
+class LeaderConduct:
+    """How this member leads an epoch: honestly. The one seam a test double of a faulty leader
+    plugs into (testkit/leader_faults.py); the product only ever runs this one."""
 
-    drop: set[str] = field(default_factory=set)
-    alter: set[str] = field(default_factory=set)
-    forge: set[str] = field(default_factory=set)
-    omit: set[str] = field(default_factory=set)  # left out of the plan (the chain makes the leader faulty)
+    def plans(self, node_id_hex: str) -> bool:
+        """Whether the plan gives this probed node a challenge (an honest leader: every one)."""
+        return True
 
-
-FORGED_TOKENS = tuple(b"a reply the leader wrote itself")  # token ids of the forged text
-
-
-def forged_receipt(leader: Identity, node_id: bytes, request: pb.GenerateRequest,
-                   token_ids: list[int]) -> pb.ReplyReceipt:
-    """A receipt covering exactly `request` and `token_ids` and naming `node_id`, signed by the
-    leader: everything a receipt check compares matches except the signature."""
-    receipt = receipts.make_receipt(leader, request.model, request, token_ids, int(time.time() * 1000))
-    receipt.node_id = node_id
-    receipt.signature = leader.sign(receipts.signed_message(receipt))
-    return receipt
+    async def challenge(self, node_id_hex: str, request: pb.GenerateRequest, leader: Identity,
+                        ask: Callable[[], Awaitable[pb.ProbeReply]]) -> pb.ProbeReply:
+        """The reply this leader reports for `request`; `ask` challenges the node honestly."""
+        return await ask()
 
 
 @dataclass
@@ -143,6 +129,7 @@ class RunnerHost:
     query: Callable[[str], tuple[int, bytes]]  # committed-state query: (code, value)
     submit: Callable[[bytes], Awaitable[tuple[int, str]]]
     send_private: Callable[[bytes, bytes], Awaitable[bool]]  # (member public key, payload)
+    params: ChainParams  # the chain's: its deadlines and probe-set size (committed state, /params)
 
 
 
@@ -158,11 +145,12 @@ def _claim(taken: set[str], questions: dict[str, ChatRequest], node: str, reques
 
 class EpochRunner:
     def __init__(self, host: RunnerHost, reference: Reference, prober: Prober | None,
-                 params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
+                 params: EpochRunParams = EPOCH_RUN, conduct: LeaderConduct | None = None,
                  pool: TrafficPool | None = None) -> None:
+        params.fits(host.params.epochs)  # a challenge sent last must be answered before the chain's deadline
         self.host, self.reference, self.prober, self.params = host, reference, prober, params
         self.pool = pool  # None: the corpus's challenge pool, loaded on first use
-        self.faults = faults or LeaderFaults()
+        self.conduct = conduct or LeaderConduct()
         self.me = host.identity.public_key
         self._seq = 0
         self._done: set[tuple] = set()  # (epoch, action[, node]) this runner has completed
@@ -261,16 +249,16 @@ class EpochRunner:
         for old in [k for k in self._prepared if k < e]:
             del self._prepared[old]
         self._audits_reported = {k for k in self._audits_reported if k >= e - 1}
-        if phase == rules.ELECTING:
+        if phase == Phase.ELECTING:
             # every member writes its questions while the election runs: whoever leads plans at once
             self._spawn((e, "prepare"), self._prepare(e))
-        if phase == rules.ELECTING and not any(p.public_key == self.me for p in cur.proofs):
+        if phase == Phase.ELECTING and not any(p.public_key == self.me for p in cur.proofs):
             self._spawn((e, "proof"), self._prove(e, cur.seed))
-        elif phase == rules.PLANNING and leader:
+        elif phase == Phase.PLANNING and leader:
             self._spawn((e, "lead"), self._lead(e))
-        elif phase == rules.ATTESTING and not any(a.public_key == self.me for a in cur.attestations):
+        elif phase == Phase.ATTESTING and not any(a.public_key == self.me for a in cur.attestations):
             self._spawn((e, "attest"), self._report_and_attest(e, cur))
-        if phase in (rules.ATTESTING, rules.RESOLVING) and not leader:
+        if phase in (Phase.ATTESTING, Phase.RESOLVING) and not leader:
             for r in cur.replies:
                 reported = any(p.node_id == r.node_id and p.public_key == self.me for p in cur.probes)
                 if r.missing and not reported:
@@ -287,7 +275,7 @@ class EpochRunner:
         code, text = await self.host.submit(build(self._seq, self.host.chain_id))
         if code != 0:
             self._note(f"{what}: refused ({code}: {text})")
-            return code == rules.CODE_WRONG_PHASE  # the chain moved on: nothing left to do
+            return code == machine.CODE_WRONG_PHASE  # the chain moved on: nothing left to do
         self._note(f"{what}: submitted")
         return True
 
@@ -308,10 +296,10 @@ class EpochRunner:
     # ------------------------------------------------------------------ leading
 
     def _models(self) -> dict[str, pb.ModelEntry]:
-        code, value = self.host.query("/directory")
+        code, value = self.host.query(LOCAL_MODELS)
         if code != 0:
             return {}
-        return {m.node_id.hex(): m for m in decode_directory(value).models}
+        return {m.node_id.hex(): m for m in decode_models(value)}
 
     async def _questions(self, seed: bytes, node_ids: list[str],
                          taken: set[str] | None = None) -> dict[str, ChatRequest]:
@@ -361,7 +349,7 @@ class EpochRunner:
 
     async def _prepare(self, epoch: int) -> bool:
         seed = secrets.token_bytes(32)  # private: nobody can predict topics or the probe set
-        chosen = select_probe_set(self._models(), seed, EPOCHS.max_probed_nodes)
+        chosen = select_probe_set(self._models(), seed, self.host.params.epochs.max_probed_nodes)
         self._prepared[epoch] = (seed, await self._questions(seed, chosen))
         return True
 
@@ -383,8 +371,8 @@ class EpochRunner:
             taken = {prompt_key(q.text) for q in questions.values()}
             questions.update(await self._questions(seed + b"late" + bytes([round_]), missing, taken))
         questions = self._donated(epoch, seed, questions)
-        reveals = [Reveal(n, secrets.token_bytes(EPOCHS.challenge_nonce_bytes), questions[n])
-                   for n in chosen if n in questions and n not in self.faults.omit]
+        reveals = [Reveal(n, secrets.token_bytes(NONCE_BYTES), questions[n])
+                   for n in chosen if n in questions and self.conduct.plans(n)]
         self._reveals[epoch] = {r.node_id: r for r in reveals}
         await self._send_private(epoch, "reveals", lambda key: seal_reveals(self.host.identity, key, epoch, reveals))
         entries = [(bytes.fromhex(r.node_id), commit_request(r.nonce, r.request)) for r in reveals]
@@ -392,7 +380,7 @@ class EpochRunner:
         if not await self._submit(lambda s, c: epoch_txs.plan(ident, epoch, entries, s, chain_id=c),
                                   f"epoch {epoch} plan"):
             return False
-        if not await self._wait_phase(epoch, rules.PROBING):
+        if not await self._wait_phase(epoch, Phase.PROBING):
             return True  # the plan did not commit in time (or was refused): the epoch is lost
         self._note(f"epoch {epoch}: leading, probing {len(reveals)} model nodes")
         items = await asyncio.gather(*(self._challenge(epoch, r, models.get(r.node_id)) for r in reveals))
@@ -414,7 +402,7 @@ class EpochRunner:
 
     async def _send_private(self, epoch: int, what: str, seal: Callable[[bytes], bytes]) -> None:
         """Seal (to each other member's registered box key) and send; `seal` builds the payload."""
-        keys = rules.member_keys_of(self._section())
+        keys = machine.member_keys_of(self._section())
         for member in sorted(self.host.members - {self.me}):
             entry = keys.get(member)
             if entry is None:
@@ -424,29 +412,27 @@ class EpochRunner:
 
     async def _challenge(self, epoch: int, reveal: Reveal, entry: pb.ModelEntry | None) -> pb.ProbeReply:
         node = bytes.fromhex(reveal.node_id)
-        if reveal.node_id in self.faults.drop or entry is None:  # (None: deregistered since the election)
+        if entry is None:  # deregistered since the election
             return pb.ProbeReply(node_id=node, missing=True, reason="no reply")
         request = challenge_request(reveal.request, entry.model)
-        if reveal.node_id in self.faults.forge:
-            tokens = list(FORGED_TOKENS)
-            return pb.ProbeReply(node_id=node, token_ids=tokens,
-                                 receipt=forged_receipt(self.host.identity, node, request, tokens))
-        try:
-            answer = await self._ask(request, reveal.node_id)
-        except ProbeFailed as exc:
-            self._note(f"epoch {epoch}: challenge of {reveal.node_id[:12]} failed: {exc}")
-            return pb.ProbeReply(node_id=node, missing=True, reason=str(exc)[:200])
-        tokens = list(answer.token_ids)[: self.params.max_reply_tokens]
-        if reveal.node_id in self.faults.alter and tokens:
-            tokens[-1] = (tokens[-1] + 1) % 1000
-        return pb.ProbeReply(node_id=node, token_ids=tokens, receipt=answer.receipt)
+
+        async def ask() -> pb.ProbeReply:
+            try:
+                answer = await self._ask(request, reveal.node_id)
+            except ProbeFailed as exc:
+                self._note(f"epoch {epoch}: challenge of {reveal.node_id[:12]} failed: {exc}")
+                return pb.ProbeReply(node_id=node, missing=True, reason=str(exc)[:200])
+            tokens = list(answer.token_ids)[: self.params.max_reply_tokens]
+            return pb.ProbeReply(node_id=node, token_ids=tokens, receipt=answer.receipt)
+
+        return await self.conduct.challenge(reveal.node_id, request, self.host.identity, ask)
 
     async def _ask(self, request: pb.GenerateRequest, node_id: str) -> ProbeAnswer:
         if self.prober is None:
             raise ProbeFailed("this member has no overlay prober")
         # independent of every other challenge, unpredictable (OS CSPRNG), anywhere in the
         # probing window: see EpochRunParams.challenge_spread_s
-        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.spread_s))
+        await asyncio.sleep(secrets.SystemRandom().uniform(0.0, self.params.spread_s(self.host.params.epochs)))
         try:
             answer = await asyncio.wait_for(self.prober.ask(request, node_id), self.params.probe_timeout_s)
         except asyncio.TimeoutError:
@@ -516,7 +502,7 @@ class EpochRunner:
                 continue
             cred = self.outputs.judge(server, full.receipt.prompt_hash, full.receipt.output_hash, sampling.temperature,
                                       report)
-            # a forwarded reply is the server's sample, not the probed node's (rules._agree)
+            # a forwarded reply is the server's sample, not the probed node's (machine._agree)
             scores.append(epoch_txs.Verdict(r.node_id, epoch_txs.to_micros(cred),
                                             epoch_txs.VERDICT_FORWARDED if forwarded else epoch_txs.VERDICT_SCORED,
                                             full.receipt.node_id if forwarded else b""))

@@ -48,11 +48,11 @@ tau on honest sampling noise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Mapping, Sequence
 
-from gentorrent.config import EPOCHS, MODEL_NODE, SCORING, ScoringParams
+from gentorrent.config import CHALLENGE_TOKENS, MODEL_NODE, SCORING, ScoringParams
 
 __all__ = [
     "ScoringError",
@@ -66,6 +66,7 @@ __all__ = [
 ]
 
 LOGPROB_FLOOR = -50.0  # the paper's epsilon for a token the reference gives no probability
+TAIL_VOCAB = 2**18  # more tokens than any served model's vocabulary (the tail bound above T = 1)
 _GREEDY_T = 1e-5  # vLLM treats temperatures below this as greedy decoding
 
 
@@ -105,7 +106,7 @@ class TokenScores:
         n = len(self.logprob)
         if len(self.rank) != n or len(self.top_logprobs) != n:
             raise ScoringError("logprob, rank and top_logprobs must have one entry per token")
-        limit = max(MODEL_NODE.max_new_tokens, EPOCHS.challenge_max_tokens) * 4
+        limit = max(MODEL_NODE.max_new_tokens, CHALLENGE_TOKENS) * 4
         if n > limit:
             raise ScoringError(f"{n} tokens is more than the {limit} a reply may have")
         for i in range(n):
@@ -158,9 +159,12 @@ class _Position:
     mu_all: float = 0.0  # E[log p] over every outcome, the tail counted at its upper bound
     var_all: float = 0.0
     lowest: float = 0.0  # the lowest log p an outcome is counted at (the tail's bound)
+    # the dispersion statistic clipped at `clip` nats (ScoringParams.dispersion_clip_nats), exact under q:
+    disp_c: float = 0.0  # E[min((log p - mu)^2, clip^2) | in top-k]
+    disp_c_var: float = 0.0
 
 
-def _position(top_sorted: list[float], sampling: SamplingSpec, tie: float) -> _Position:
+def _position(top_sorted: list[float], sampling: SamplingSpec, tie: float, clip: float = 0.0) -> _Position:
     if sampling.temperature < _GREEDY_T:
         return _Position(top_sorted[0], 0.0, 0.0, 1.0, 0.0, top_sorted[0] - tie, top_sorted[0], 0.0, top_sorted[0])
     inv_t = 1.0 / sampling.temperature
@@ -170,10 +174,17 @@ def _position(top_sorted: list[float], sampling: SamplingSpec, tie: float) -> _P
     if sampling.top_k > 0:
         outcomes = outcomes[: sampling.top_k]
     if tail_mass > 1e-9 and (sampling.top_k <= 0 or sampling.top_k > len(top_sorted)):
-        # tokens beyond the top-k each have p <= p_min: their tempered weight is at most
-        # tail_mass * p_min^(1/T - 1) (exact at T = 1); their log p is taken as log p_min
+        # tokens beyond the top-k each have p <= p_min: at T <= 1 their tempered weight is at most
+        # tail_mass * p_min^(1/T - 1) (exact at T = 1). Above T = 1 that is a LOWER bound (small
+        # tokens gain most from a high temperature): the weight is at most that of the tail
+        # spread evenly over a vocabulary of TAIL_VOCAB, tail_mass^(1/T) * TAIL_VOCAB^(1 - 1/T),
+        # and the tail test, one-sided, must never expect fewer tail tokens than honest sampling
+        # gives. Their log p is taken as log p_min.
         p_min_log = top_sorted[-1]
-        outcomes.append((math.log(tail_mass) + (inv_t - 1.0) * p_min_log, p_min_log, True))
+        weight = math.log(tail_mass) + (inv_t - 1.0) * p_min_log
+        if inv_t < 1.0:
+            weight = max(weight, inv_t * math.log(tail_mass) + (1.0 - inv_t) * math.log(TAIL_VOCAB))
+        outcomes.append((weight, p_min_log, True))
     top = max(w for w, _, _ in outcomes)
     weights = [math.exp(w - top) for w, _, _ in outcomes]
     total = math.fsum(weights)
@@ -197,7 +208,17 @@ def _position(top_sorted: list[float], sampling: SamplingSpec, tie: float) -> _P
     mu_all = math.fsum(p * lp for p, (_, lp, _) in zip(probs, outcomes))
     var_all = max(0.0, math.fsum(p * (lp - mu_all) ** 2 for p, (_, lp, _) in zip(probs, outcomes)))
     lowest = min(lp for _, lp, _ in outcomes)
-    return _Position(mu, var, m4, min(1.0, q_top1), q_tail, floor, mu_all, var_all, lowest)
+    position = _Position(mu, var, m4, min(1.0, q_top1), q_tail, floor, mu_all, var_all, lowest)
+    if clip <= 0:
+        return position
+    disp_c, disp_c_var = _moments([(p / z, min((lp - mu) ** 2, clip * clip)) for p, lp in in_k])
+    return replace(position, disp_c=disp_c, disp_c_var=disp_c_var)
+
+
+def _moments(weighted: list[tuple[float, float]]) -> tuple[float, float]:
+    """Mean and variance of a discrete distribution given as (probability, value) pairs."""
+    mean = math.fsum(p * v for p, v in weighted)
+    return mean, max(0.0, math.fsum(p * (v - mean) ** 2 for p, v in weighted))
 
 
 def _z(observed: float, expected: float, se_sum: float, n: int, slack: float, two_sided: bool) -> float:
@@ -243,11 +264,13 @@ def score_reply(
     n_gap = n_top1 = n_topk = n_tail = n_oos = n_tail_pos = 0
     top1_exp = top1_var = tail_exp = tail_var = rel_obs = rel_var = rel_tail_exp = 0.0
     rel_tail = 0
+    disp_raw = 0.0  # the unclipped statistic the report shows
+    clip = params.dispersion_clip_nats
     n_rel = min(n, params.relevance_tokens)
     bound = 0.0
     for i, (lp, rank, top) in enumerate(zip(lps, scores.rank, scores.top_logprobs)):
         top_sorted = sorted((max(LOGPROB_FLOOR, v) for v in top.values()), reverse=True)
-        pos = _position(top_sorted, sampling, params.tie_nats)
+        pos = _position(top_sorted, sampling, params.tie_nats, params.dispersion_clip_nats)
         bound += _token_log_bound(lp, rank, top_sorted, sampling, params.tie_nats)
         if i < n_rel:  # relevance: the opening tokens must follow from the prompt itself
             rel_obs += max(lp, pos.lowest) - pos.mu_all
@@ -274,9 +297,15 @@ def score_reply(
             n_gap += 1
             gap_obs += d
             gap_var += pos.var
-            disp_obs += d * d
-            disp_exp += pos.var
-            disp_var += max(0.0, pos.m4 - pos.var**2)
+            disp_raw += d * d - pos.var
+            if clip > 0:  # bounded summands: one rare token moves the sum by at most clip^2
+                disp_obs += min(d * d, clip * clip)
+                disp_exp += pos.disp_c
+                disp_var += pos.disp_c_var
+            else:
+                disp_obs += d * d
+                disp_exp += pos.var
+                disp_var += max(0.0, pos.m4 - pos.var**2)
     gap_se = math.sqrt(gap_var) / n_gap if n_gap else 0.0
     zs = {
         "gap": _z(gap_obs, gap_exp, math.sqrt(gap_var), n_gap, params.gap_slack_nats, True),
@@ -310,7 +339,7 @@ def score_reply(
         gap_se=gap_se,
         tail_share=n_tail / n_tail_pos if n_tail_pos else 0.0,
         expected_tail_share=tail_exp / n_tail_pos if n_tail_pos else 0.0,
-        dispersion=(disp_obs - disp_exp) / n_gap if n_gap else 0.0,
+        dispersion=disp_raw / n_gap if n_gap else 0.0,
         out_of_support_share=oos_share,
         z=zs,
         factors=factors,

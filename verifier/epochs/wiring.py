@@ -17,9 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from gentorrent.config import AUDITS, CLOVES, EPOCH_RUN, OVERLAY, AuditParams, EpochRunParams, OverlayParams
+from gentorrent.crypto.keys import NodeKeys
+from gentorrent.ledger.committee import CommitteeDirectory
+from gentorrent.ledger.directory import StaticDirectory
+from user_client.node import UserNode
 from verifier.epochs.audit_service import service_for
+from verifier.epochs.overlay_prober import OverlayProber
 from verifier.epochs.reference import RemoteReference
-from verifier.epochs.runner import EpochRunner, LeaderFaults
+from verifier.epochs.runner import EpochRunner, LeaderConduct
 
 __all__ = ["attach_epochs", "probe_user_params"]
 
@@ -27,7 +32,7 @@ PROBE_HOME = "epoch-user"
 
 
 async def attach_epochs(node, reference: RemoteReference, probe: Path | str | None,
-                        params: EpochRunParams = EPOCH_RUN, faults: LeaderFaults | None = None,
+                        params: EpochRunParams = EPOCH_RUN, conduct: LeaderConduct | None = None,
                         user_listen: str = "127.0.0.1:0", user_kwargs: dict | None = None,
                         audits: AuditParams = AUDITS) -> EpochRunner:
     """`probe`: "committee" (the probing user node registers with this node's committee), a
@@ -35,9 +40,6 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
     prober = None
     user = None
     if probe is not None:
-        from user_client.node import UserNode
-        from verifier.epochs.overlay_prober import OverlayProber
-
         home = Path(node.home) / PROBE_HOME
         kwargs = dict(user_kwargs or {})
         # a fresh path set for every challenge: no two challenges (or own probes) share a path
@@ -47,7 +49,7 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
         await user.start()
         prober = OverlayProber(user, patience_s=params.probe_timeout_s / 2)
     host = node.epoch_host()
-    runner = EpochRunner(host, reference, prober, params, faults)
+    runner = EpochRunner(host, reference, prober, params, conduct)
     if user is not None:
         runner.on_stop.append(user.stop)
     # one memory of each node's outputs for challenges and audits: a replay is caught in either
@@ -75,10 +77,5 @@ async def _cancel(task: asyncio.Task) -> None:
 
 def _probe_directory(probe: Path | str, genesis, home: Path):
     if probe == "committee":
-        from gentorrent.crypto.keys import NodeKeys
-        from gentorrent.ledger.committee import CommitteeDirectory
-
         return CommitteeDirectory(genesis, NodeKeys.load_or_create(home).identity)
-    from gentorrent.ledger.directory import StaticDirectory
-
     return StaticDirectory(Path(probe))

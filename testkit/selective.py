@@ -1,5 +1,5 @@
 """The selective cheater's challenge detector: every signal a real cheating node has, nothing
-more. For the verification tests and the detection benchmark ONLY (model_node/cheaters.py).
+more. For the verification tests and the detection benchmark ONLY (testkit/cheaters.py).
 
 A selective cheater answers honestly what it believes is a challenge and cheaply everything
 else, so it is caught only as often as it mistakes a challenge for a user's ask (or as often
@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 import numpy as np
 
 from gentorrent.config import EPOCH_RUN, EpochRunParams
+from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.wire import gentorrent_pb2 as pb
 
 __all__ = ["ChallengeShape", "PublicChallengeShape", "TextModel", "CorpusLookup", "TimingSignal",
@@ -192,10 +193,10 @@ def epoch_timing(section: pb.EpochsSection | None, node_id: bytes, sure: float =
     if section is None or not section.HasField("current"):
         return 0.0
     cur = section.current
-    if cur.phase == "probing":
+    if cur.phase == Phase.PROBING:
         named = {e.node_id for e in cur.plan if e.node_id}
         return sure if not named or node_id in named else -sure
-    if cur.phase == "resolving":
+    if cur.phase == Phase.RESOLVING:
         return sure if any(r.node_id == node_id and r.missing for r in cur.replies) else -sure
     return -sure  # electing, planning, attesting, done: no challenge is in flight
 

@@ -1,16 +1,19 @@
-"""Dishonest model nodes, for the verification tests and the detection benchmark ONLY.
+"""Dishonest model nodes, for the verification tests, the devnet and the detection benchmark.
 
-`gt-model serve --model smollm2-135m --dishonest KIND` serves something cheaper than what it
-claims while signing every reply as the claimed model, as a cheating volunteer would:
+`python -m testkit.dishonest_model --dishonest KIND serve --model smollm2-135m ...` runs the real
+`gt-model serve` with one of these plugged in (model_node.cli.Serving, testkit/dishonest_model.py):
+it serves something cheaper than what it claims while signing every reply as the claimed model,
+as a cheating volunteer would:
 
     pruned       half the decoder layers of the claimed model (variants.prune_layers)
     noisy        the claimed model with Gaussian noise on its weights (variants.add_noise)
     other-model  a different real model (gemma3-270m) whose text is re-tokenised with the claimed
                  model's tokenizer, so the signed token ids look like the claimed model's
-    random       random tokens of the claimed vocabulary (no model run at all)
+    random       random tokens of the claimed vocabulary (no model run at all: it loads the
+                 claimed model's tokenizer and no vLLM engine, as a cheater would)
     replay       the answer it gave to an earlier, different prompt (the first one is honest)
     selective    honest on what it guesses are challenges, random tokens on everything else; the
-                 guess (model_node/selective.py) sums the log-odds of the request's shape against
+                 guess (testkit/selective.py) sums the log-odds of the request's shape against
                  the public challenge shape, of a text classifier trained on challenges it
                  generated itself from the public code (testkit/cheater_training.py writes it to
                  GT_SELECTIVE_TEXT_MODEL), of a lookup of the asked message in the public corpus
@@ -18,10 +21,13 @@ claims while signing every reply as the claimed model, as a cheating volunteer w
 
 Weight cheats need only other weights (`prepare`); behavioural cheats wrap the node's
 LocalGenerator (`make_generator`), so the rest of the node (overlay intake, status) is unchanged.
+`Cheat` is both, as the hook `gt-model serve` takes (model_node.cli.Serving).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import random
 import time
@@ -31,7 +37,9 @@ from typing import AsyncIterator
 
 from gentorrent import receipts
 from gentorrent.config import EPOCH_RUN
-from model_node.selective import ChallengeDetector, CorpusLookup, NoLookup, PublicChallengeShape, TextModel
+from testkit.selective import ChallengeDetector, CorpusLookup, NoLookup, PublicChallengeShape, TextModel
+from model_node.cli import Serving
+from model_node.engine import Engine, LoadStats, context_length
 from model_node.service import LocalGenerator, PreparedJob
 from gentorrent.wire import gentorrent_pb2 as pb
 
@@ -50,7 +58,8 @@ class Plan:
 
 def prepare(kind: str, claimed: str, weights: Path | None = None) -> Plan:
     """Build the cheaper weights once (into the model cache) and say what to load."""
-    from model_node import catalogue, variants
+    from model_node import catalogue
+    from testkit import variants
 
     if kind not in KINDS:
         raise ValueError(f"unknown dishonest kind {kind!r}; one of {', '.join(KINDS)}")
@@ -76,6 +85,37 @@ def make_generator(kind: str, honest: LocalGenerator, claimed: str) -> LocalGene
         return BehaviourGenerator(honest.engine, honest.identity, honest.params, kind=kind,
                                   detector=selective_detector() if kind == "selective" else None)
     return honest
+
+
+class Cheat(Serving):
+    """A dishonest `gt-model serve`: loads what `prepare` says, answers with `make_generator`'s
+    generator, and claims the model it was asked to serve."""
+
+    honest = False
+
+    def __init__(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown dishonest kind {kind!r}; one of {', '.join(KINDS)}")
+        self.kind = kind
+
+    def weights(self, model: str, weights: Path | None) -> tuple[str, Path | None]:
+        plan = prepare(self.kind, model, weights)
+        return plan.load_model, plan.weights
+
+    async def start_engine(self, model, params) -> Engine:
+        if self.kind != "random":
+            return await super().start_engine(model, params)
+        t0 = time.monotonic()
+        engine = Engine(await asyncio.to_thread(TokenizerOnly, model.path), model.name,
+                        context_length(model, params.max_model_len), LoadStats(), params)
+        engine.startup_s = time.monotonic() - t0
+        return engine
+
+    def generator(self, honest: LocalGenerator, claimed: str) -> LocalGenerator:
+        loaded = honest.engine.model
+        honest.engine.model = claimed  # it claims the model whatever it really runs
+        logging.getLogger("gt-model").warning("DISHONEST node (%s): serving %s as %s", self.kind, loaded, claimed)
+        return make_generator(self.kind, honest, claimed)
 
 
 def selective_detector() -> ChallengeDetector:
@@ -110,6 +150,27 @@ def corpus_lookup(threshold: float) -> CorpusLookup:
     from gentorrent.traffic.model import TrafficPool
 
     return CorpusLookup(TrafficPool.build(load_corpus().challenge).user_messages(), threshold)
+
+
+class TokenizerOnly:
+    """The random cheater's "model": the claimed model's tokenizer, and nothing to run (an
+    Engine over it encodes, decodes and reports load; it never generates)."""
+
+    errored = False
+
+    def __init__(self, path: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(str(path))
+
+    def get_tokenizer(self):
+        return self._tokenizer
+
+    async def check_health(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
 
 
 class NoShape:
