@@ -217,3 +217,42 @@ async def test_an_ask_short_of_paths_waits_for_the_path_manager_to_build_them(tm
         for n in nodes:
             await n.stop()
         await model.stop()
+
+
+@pytest.mark.timeout(90)
+async def test_a_relay_nobody_can_reach_does_not_take_the_guard_down_with_it(tmp_path):
+    """Regression (test_wan_devnet, a user behind NAT listed as a relay): once two paths over
+    the guard were built, the least-used choice put the unreachable relay on every new path;
+    each failure suspected all its hops alike, so the guard was excluded with it, too few
+    relays were left, the exclusions were cleared and the same path was tried again: a user
+    stuck at 2 of 4 paths after 3,000 failed builds. A hop that carries a usable path now is
+    not blamed: the unreachable relay alone is excluded and the user gets its paths."""
+    import random
+    from collections import Counter
+
+    from testkit.localnet import start_user_nodes
+
+    cloves, params = scenarios.scenario_params()
+    nodes = await start_user_nodes(4, tmp_path / "directory.json", tmp_path, cloves=cloves, params=params,
+                                   maintain=False)
+    me = nodes[0]
+    me.paths.rng = random.Random(3)  # one relay choice, every run
+    try:
+        me.paths._choose(Counter(), set())  # its guards: the three relays listed so far
+        unreachable, = await start_user_nodes(1, tmp_path / "directory.json", tmp_path / "late", cloves=cloves,
+                                              params=params, maintain=False)
+        nodes.append(unreachable)
+        await unreachable.stop()  # still listed, as a NAT'd user's router address is: a relay, not a guard
+        await me.refresh_directory()
+        me.paths.pool.keep = 2  # two paths first (the devnet's users built theirs as relays registered)
+        assert await me.paths.wait_for(2, 10.0) == 2
+        me.paths.pool.keep = cloves.proxies_kept
+        for _ in range(5):
+            if await me.paths.fill() >= cloves.proxies_kept:
+                break
+        status = me.paths.status()
+        assert status["usable"] == cloves.proxies_kept, status
+        assert all(unreachable.address not in p["relays"] for p in status["paths"]), status
+    finally:
+        for n in nodes:
+            await n.stop()

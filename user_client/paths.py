@@ -304,8 +304,7 @@ class PathManager:
                 # a hop further on may be the one that hangs (paused, blackholed): each hop's
                 # wait for the next runs into the same deadline, so the answer never says which
                 # hop it was. Suspect them all once; a hop on a later good path is cleared.
-                for r in relays:
-                    self._suspect_hops[r.address] += 1
+                self._blame(relays)
                 self.build_failures += 1
                 return None
         if link is None or (not link.alive and reply is not None and not reply.ok
@@ -318,8 +317,7 @@ class PathManager:
         except onion.CloveLayerError:
             ok = False
         if not ok:
-            for r in relays:
-                self._suspect_hops[r.address] += 1
+            self._blame(relays)
             self.build_failures += 1
             return None
         for r in relays:
@@ -330,6 +328,19 @@ class PathManager:
             self.relay.add_endpoint(path.first_link, path.first_hop, functools.partial(self.replies_to, path))
         self.built += 1
         return path
+
+    def _blame(self, relays: list[UserRecord]) -> None:
+        """Suspect the hops of an establishment that failed somewhere along the path.
+
+        The answer does not say which hop failed. A hop that carries one of the usable paths
+        relays establishments now, so the blame goes to the others; only when every hop does
+        (a link between two of them broke) are all suspected. Blaming them all alike let one
+        relay nobody can reach (a node behind NAT) take the user's guard down with it on every
+        try: both were excluded, the guard's absence left too few relays, the exclusions were
+        cleared and the same path was chosen again, thousands of times (test_wan_devnet)."""
+        carrying = {address for path in self.pool.usable(self.clock()) for address in path.relays}
+        for r in [r for r in relays if r.address not in carrying] or relays:
+            self._suspect_hops[r.address] += 1
 
     async def fill(self) -> int:
         """Retire stale paths and build until N usable paths are held; returns usable count."""
