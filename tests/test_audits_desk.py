@@ -395,3 +395,23 @@ def test_audits_admitted_before_an_epoch_change_are_still_scored(node, models):
     scores, digest = service.take_report()
     assert [n for n, _ in scores] == [node.node_id] and len(digest) == 32
     assert service.take_report()[0] == []  # reported once
+
+
+def test_a_report_the_chain_refused_goes_into_the_next_one(node, models):
+    """A member slower than the attestation quorum posts its report after the epoch was
+    decided, and the chain refuses it. Its audits used to go with it (the report was taken
+    before it was sent): under load the same members were late epoch after epoch and a
+    replaying node's audits never reached the quorum of reports (CI, test_audits_epochs). Now
+    they stay pending until the chain takes a report, which covers those scored since too."""
+    service = AuditService(lambda: models, SyntheticReference(), epoch=lambda: 1, clock_ms=lambda: NOW)
+    users = Users(node, seed=6)
+    assert service.submit(users.audited_ask("asked before the epoch was decided").SerializeToString(), "a").accepted
+    assert asyncio.run(service.score_queued()) == 1
+    refused = service.pending_report()
+    assert [n for n, _ in refused.scores] == [node.node_id] and len(refused.keys) == 1
+    assert service.submit(users.audited_ask("asked in the next epoch").SerializeToString(), "a").accepted
+    assert asyncio.run(service.score_queued()) == 1
+    taken = service.pending_report()  # the refused audit is still in it, beside the new one
+    assert taken.keys > refused.keys and len(taken.keys) == 2 and taken.digest != refused.digest
+    service.reported(taken)
+    assert service.pending_report().scores == []

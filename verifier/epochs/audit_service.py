@@ -14,6 +14,7 @@ import hashlib
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -29,6 +30,18 @@ from verifier.epochs.repeats import CommitteeMemory
 from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
+
+# epochs' worth of scored audits (max_per_epoch each) kept for reports the chain keeps refusing
+UNREPORTED_KEPT = 2
+
+
+@dataclass(frozen=True)
+class AuditReportDraft:
+    """One report as this member would post it, and the audits it covers (their receipt keys)."""
+
+    scores: list[tuple[bytes, int]]
+    digest: bytes
+    keys: frozenset[bytes]
 
 __all__ = ["AuditService", "service_for"]
 
@@ -145,6 +158,8 @@ class AuditService:
                      report.n_tokens, audit.request.sampling.temperature, report.log_prob_bound)
             self.results.setdefault(epoch, {}).setdefault(audit.node_id, {})[audit.key] = value
             self._unreported[audit.key] = (audit.node_id, value)
+            while len(self._unreported) > UNREPORTED_KEPT * self.params.max_per_epoch:  # reports refused for long
+                del self._unreported[next(iter(self._unreported))]  # the oldest first
             done += 1
         return done
 
@@ -154,17 +169,29 @@ class AuditService:
             await self.score_queued()
             await asyncio.sleep(poll_s)
 
-    def take_report(self) -> tuple[list[tuple[bytes, int]], bytes]:
+    def pending_report(self) -> "AuditReportDraft":
         """What this member reports on chain: per node, the audit score (micros; audits.
-        audit_score) of the audits scored since the last report, and a digest of their receipts; then forgets
-        them (an audit scored after a report goes into the next one)."""
+        audit_score) of the audits scored and not yet reported, and a digest of their receipts.
+        They stay pending until `reported`: a report the chain refused (the epoch was decided
+        before it arrived, as happens to a member slower than the quorum) goes into the next
+        one instead of being lost, and with it the node's audits of that epoch."""
         by_node: dict[bytes, list[float]] = {}
         for node, value in self._unreported.values():
             by_node.setdefault(node, []).append(value)
         scores = sorted((node, int(round(audit_score(v, self.params) * SCORE_SCALE))) for node, v in by_node.items())
         digest = hashlib.sha256(b"".join(sorted(self._unreported))).digest()
-        self._unreported = {}
-        return scores, digest
+        return AuditReportDraft(scores, digest, frozenset(self._unreported))
+
+    def reported(self, draft: "AuditReportDraft") -> None:
+        """The chain took `draft`: its audits are not reported again (those scored since stay)."""
+        for key in draft.keys:
+            self._unreported.pop(key, None)
+
+    def take_report(self) -> tuple[list[tuple[bytes, int]], bytes]:
+        """The pending report, counted as reported at once."""
+        draft = self.pending_report()
+        self.reported(draft)
+        return draft.scores, draft.digest
 
     def credibilities(self, epoch: int) -> dict[bytes, Sequence[float]]:
         """Each audited node's audit credibilities of `epoch` (node id -> scores)."""

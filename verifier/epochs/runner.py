@@ -52,7 +52,7 @@ from gentorrent.traffic.model import ChatRequest, TrafficPool
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger import epoch_txs
 from gentorrent.ledger.chain_params import ChainParams
-from gentorrent.ledger.epoch_txs import Phase
+from gentorrent.ledger.epoch_txs import SCORE_SCALE, Phase
 from verifier.epochs import machine
 from gentorrent.ledger.sections import LOCAL_MODELS, decode_models
 from verifier.epochs import vrf
@@ -268,16 +268,17 @@ class EpochRunner:
 
     async def _submit(self, build: Callable[[int, str], bytes], what: str) -> bool:
         """Sign with the next sequence for this chain and submit; True when there is nothing
-        left to do."""
+        left to do (taken, or refused because the chain moved on)."""
+        return await self._send(build, what) in (0, machine.CODE_WRONG_PHASE)
+
+    async def _send(self, build: Callable[[int, str], bytes], what: str) -> int:
+        """Sign with the next sequence for this chain and submit; the chain's code, noted."""
         code, value = self.host.query(f"/account/{self.me.hex()}")
         last = json.loads(value or b"{}").get("last_sequence", 0) if code == 0 else 0
         self._seq = max(self._seq, last) + 1
         code, text = await self.host.submit(build(self._seq, self.host.chain_id))
-        if code != 0:
-            self._note(f"{what}: refused ({code}: {text})")
-            return code == machine.CODE_WRONG_PHASE  # the chain moved on: nothing left to do
-        self._note(f"{what}: submitted")
-        return True
+        self._note(f"{what}: refused ({code}: {text})" if code != 0 else f"{what}: submitted")
+        return code
 
     async def _register_keys(self) -> bool:
         ident = self.host.identity
@@ -461,14 +462,20 @@ class EpochRunner:
         return await self._attest(epoch, cur)
 
     async def _report_audits(self, epoch: int) -> bool:
-        """Post the scores of the users' audits this member received (nothing if none)."""
+        """Post the scores of the users' audits this member received (nothing if none); a report
+        the chain refused stays pending for the next epoch's."""
         await self.audits.score_queued()
-        scores, digest = self.audits.take_report()
-        if not scores:
+        draft = self.audits.pending_report()
+        if not draft.scores:
             return True
         ident = self.host.identity
-        return await self._submit(lambda s, c: epoch_txs.audit_report(ident, epoch, scores, digest, s, chain_id=c),
-                                  f"epoch {epoch} audit report ({len(scores)} nodes)")
+        listed = ", ".join(f"{node.hex()[:12]} {micros / SCORE_SCALE:.3f}" for node, micros in draft.scores)
+        code = await self._send(lambda s, c: epoch_txs.audit_report(ident, epoch, draft.scores, draft.digest, s,
+                                                                     chain_id=c),
+                                f"epoch {epoch} audit report ({len(draft.scores)} nodes: {listed})")
+        if code == 0:
+            self.audits.reported(draft)
+        return code in (0, machine.CODE_WRONG_PHASE)
 
     async def _attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
         reveals, private = await self._await_private(epoch, cur)
