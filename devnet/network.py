@@ -716,7 +716,8 @@ def _node_view(n: NodeInfo, certified: dict) -> dict:
         return {} if m is None else {"reputation": round(m.reputation, 3), "trusted": m.trusted}
     s = user_status(n)
     return {"paths": s["paths"].get("usable", 0), "relayed": s["relay"].get("table", {}).get("forwarded", 0),
-            "asked": s["asking"].get("asked", 0)}
+            "asked": s["asking"].get("asked", 0), "relaying": s.get("relaying", True),
+            "reachability": s.get("reachability", "")}
 
 
 def ask(prompt: str, root: Path = DEFAULT_ROOT, user: int = 0, max_tokens: int = 64,

@@ -125,6 +125,20 @@ class GuardParams:
 
 GUARDS = GuardParams()
 
+
+@dataclass(frozen=True)
+class ReachabilityParams:
+    """Dial-backs (verifier/dial_back.py): before a user node registers as a relay, a member
+    dials it back at the address its call came from (libp2p's AutoNAT); one it cannot dial
+    registers client-only (THREAT_MODEL.md "Squatted or undiallable addresses")."""
+
+    dial_timeout_s: float = 3.0  # a member's dial back; the asking node waits this plus its call
+    host_interval_s: float = 10.0  # one dial back per source host this often: a member is no scanner
+    hosts_remembered: int = 4096  # source hosts held for that limit (the oldest forgotten first)
+
+
+REACHABILITY = ReachabilityParams()
+
 # --------------------------------------------------------------------------- routing
 
 

@@ -100,6 +100,22 @@ def test_a_second_node_cannot_register_or_move_to_a_taken_address(chain):
     assert chain.block(victim.user("10.0.0.1:7000", kind="update_user")) == [0]
 
 
+def test_client_only_users_register_no_address_and_a_model_node_cannot(chain):
+    """A user no member could dial back registers client-only, with no address (user_client/
+    node.py): any number of them, since no address is held; a client-only user that becomes
+    reachable moves to an address, and back; a model node must be reachable (no empty address)."""
+    first, second, model = Node(20), Node(21), Node(22)
+    assert chain.block(first.user(""), second.user("")) == [0, 0]
+    listed = {u.node_id: u for u in chain.directory().users}
+    assert listed[first.identity.node_id].address == "" and not listed[first.identity.node_id].relays
+    assert chain.block(first.user("10.0.0.7:7000", kind="update_user")) == [0]
+    assert chain.holder_of("10.0.0.7:7000") == first.identity.node_id
+    assert chain.block(first.user("", kind="update_user"), second.user("10.0.0.7:7000", kind="update_user")) == [0, 0]
+    assert chain.holder_of("10.0.0.7:7000") == second.identity.node_id  # freed by the move to client-only
+    with pytest.raises(txs.TxError, match="IP:PORT"):  # refused where it is built, and again by the chain
+        model.model("")
+
+
 def test_an_address_is_free_again_once_its_holder_moves_leaves_or_lapses(chain):
     a, b, c, d = Node(20), Node(21), Node(22), Node(23)
     assert chain.block(a.user("10.0.0.1:1"), b.user("10.0.0.2:1"), c.model("10.0.0.3:1")) == [0, 0, 0]

@@ -79,3 +79,48 @@ async def test_user_nodes_register_with_the_committee_and_build_paths(committee,
     finally:
         for node in nodes:
             await node.stop()
+
+
+async def test_attack_a_user_nobody_can_dial_is_registered_client_only_and_never_a_hop(committee, tmp_path):
+    """The attack on every path: a user node behind NAT (here: one advertising a port nothing
+    listens on) registered its address as a relay, relays chose it, and every path through it
+    failed at establishment. A member now dials each user back before it registers (verifier/
+    dial_back.py): that one registers client-only (no address), builds its own paths through
+    the others, and is never a hop of theirs; the others registered their addresses."""
+    import socket
+
+    cloves = CloveParams(proxies_kept=2)
+    params = OverlayParams(maintenance_interval_s=1.0)
+    with socket.socket() as s:  # a port that was free a moment ago: nothing answers there
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    nodes = []
+    for i in range(5):
+        home = tmp_path / f"user{i}"
+        advertise = f"127.0.0.1:{dead_port}" if i == 4 else None
+        node = UserNode(home, CommitteeDirectory.from_args(str(committee), home), cloves=cloves, params=params,
+                        maintain=False, advertise=advertise)
+        await node.start(build_paths=False)
+        nodes.append(node)
+    hidden, me = nodes[4], nodes[0]
+    try:
+        assert not hidden.relaying and hidden.status()["reachability"].startswith("client-only"), hidden.status()
+        assert all(n.relaying for n in nodes[:4]), [n.status()["reachability"] for n in nodes]
+        for _ in range(60):
+            await me.refresh_directory()
+            if len(me.directory.users()) == 5:
+                break
+            await asyncio.sleep(0.5)
+        listed = {u.node_id_hex: u for u in me.directory.users()}
+        assert listed[hidden.node_id_hex].address == "" and not listed[hidden.node_id_hex].relays
+        assert {listed[n.node_id_hex].address for n in nodes[:4]} == {n.address for n in nodes[:4]}
+        for node in nodes:
+            await node.refresh_directory()
+        assert await me.paths.fill() == 2 and me.paths.build_failures == 0, me.paths.status()
+        assert await hidden.paths.fill() == 2, hidden.paths.status()  # it asks through the others
+        for node in (me, hidden):
+            for path in node.paths.pool.paths.values():
+                assert hidden.address not in path.relays and "" not in path.relays
+    finally:
+        for node in nodes:
+            await node.stop()

@@ -80,6 +80,8 @@ class UserNode:
         self.tls = tls.TlsIdentity.load_or_create(self.home, self.keys.identity)
         self.node_id_hex = self.keys.identity.node_id_hex
         self.address = ""
+        self.relaying = True  # False: client-only, since no member could dial it back (registers no address)
+        self.reachability = "not checked yet"
         self.started_at = 0.0
         self._server = None
         self._tasks: list[asyncio.Task] = []
@@ -100,7 +102,8 @@ class UserNode:
     @property
     def record(self) -> UserRecord:
         return UserRecord(node_id=self.keys.identity.node_id, public_key=self.keys.identity.public_key,
-                          address=self.address, onion_key=self.keys.onion.public_key, region=self.region)
+                          address=self.address if self.relaying else "", onion_key=self.keys.onion.public_key,
+                          region=self.region)
 
     async def start(self, build_paths: bool = True) -> None:
         """Listen, register with the directory (the committee's: a signed registration,
@@ -121,6 +124,7 @@ class UserNode:
         self._server = server
         self._loop = asyncio.get_running_loop()
         self.started_at = time.time()
+        self.relaying, self.reachability = await self._reachable()
         await self.directory.register_user(self.record)
         await self.refresh_directory()
         self.paths = PathManager(self.directory, self.relay, self.index, self.node_id_hex, self.region,
@@ -132,6 +136,32 @@ class UserNode:
             await self.paths.fill()
         if self.maintain:
             self._tasks.append(asyncio.ensure_future(self._maintenance()))
+
+    async def _reachable(self) -> tuple[bool, str]:
+        """Whether to register as a relay: a committee member dials this node back (verifier/
+        dial_back.py), from outside, at the host this node's call came from. One it cannot reach
+        (behind NAT, a firewall) registers client-only: it builds paths and asks, and nobody
+        chooses it as a hop, whose paths would all fail. A directory file (nodes on one machine)
+        asks nobody; a committee that cannot answer leaves the node a relay, as before."""
+        dial_back = getattr(self.directory, "dial_back", None)
+        if dial_back is None:
+            return True, "not checked (a directory file)"
+        port = int(self.address.rpartition(":")[2])
+        try:
+            reply = await dial_back(port)
+        except Exception as exc:  # noqa: BLE001 - an older committee, or none reachable: a relay, as before
+            log.warning("reachability not checked (%s): registering %s as a relay", exc, self.address)
+            return True, f"not checked: {exc}"
+        if reply.reachable and reply.address == self.address:
+            return True, f"a member dialled {self.address} back"
+        if reply.reachable:  # reachable, but the committee sees another host than the advertised one
+            log.warning("a member reached this node at %s, not the advertised %s: registering it as a relay; "
+                        "if peers cannot reach %s, fix --advertise", reply.address, self.address, self.address)
+            return True, f"a member dialled {reply.address} back, not {self.address}"
+        log.warning("no member could dial this node back at %s (%s): registering client-only (it asks, and "
+                    "relays nothing). To relay, forward TCP port %d to this machine and restart",
+                    reply.address or self.address, reply.reason, port)
+        return False, f"client-only: {reply.reason}"
 
     async def refresh_directory(self) -> None:
         await self.directory.refresh()
@@ -207,6 +237,8 @@ class UserNode:
         return {
             "node_id": self.node_id_hex,
             "address": self.address,
+            "relaying": self.relaying,  # False: client-only (registered no address)
+            "reachability": self.reachability,
             "region": self.region,
             "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "directory_height": getattr(self.directory, "height", 0),  # the committee's, when it is one

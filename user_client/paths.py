@@ -96,10 +96,11 @@ def choose_relays(
     users: list[UserRecord], self_id: str, region: str, length: int, rng: random.Random,
     usage: Counter | None = None, exclude: set[str] = frozenset(), distinct_prefixes: bool = False,
 ) -> list[UserRecord]:
-    """`length` distinct relays of `region`, never `self_id`, the least used first; with
+    """`length` distinct relays of `region`, never `self_id` nor a client-only user, the least used first; with
     `distinct_prefixes` (the genesis' rule) never two of one IPv4 /16 or IPv6 /32, as Tor builds
     circuits: one operator's block of addresses holds at most one hop of a path."""
-    pool = [u for u in users if u.region == region and u.node_id_hex != self_id and u.address not in exclude]
+    pool = [u for u in users
+            if u.relays and u.region == region and u.node_id_hex != self_id and u.address not in exclude]
     usage = usage or Counter()
     rng.shuffle(pool)
     pool.sort(key=lambda u: usage[u.address])  # stable: random among equally used
@@ -219,7 +220,7 @@ class PathManager:
 
     def _entry_guard(self, users: list[UserRecord], exclude: set[str]) -> UserRecord | None:
         """The first hop of the next path: the first usable guard (the list refreshed first)."""
-        relays = [u for u in users if u.region == self.region]
+        relays = [u for u in users if u.relays and u.region == self.region]
         prefix = addresses.path_prefix if self.distinct_prefixes else (lambda address: address)
         if self.guards.refresh(relays, self.self_id, self.wall_clock(), self.rng, prefix) and self.guards_file:
             keys.replace_private(self.guards_file, self.guards.to_json().encode())

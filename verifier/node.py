@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -32,7 +33,7 @@ from gentorrent.ledger.chain_params import ChainParams
 from gentorrent.ledger.genesis import Genesis
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from verifier import directory_service
+from verifier import dial_back, directory_service
 from verifier.abci.app import RegistryApp
 from verifier.abci.interface import Application
 from verifier.consensus.home import DATA_DIR, NodeConfig
@@ -56,6 +57,7 @@ class VerifierNode:
         self.keys = NodeKeys.load_or_create(self.home)
         self.identity = self.keys.identity
         self.tls = TlsIdentity.load_or_create_self_signed(self.home, self.identity)
+        self.dial_backs = dial_back.DialBackLimiter()  # reachability checks of user nodes (verifier/dial_back.py)
         self.listen = listen or self.config.listen
         self.app = RegistryApp(self.home / DATA_DIR / "app.sqlite") if app is None else app
         self.consensus = ConsensusNode(self.home, self.genesis, self.identity, self.config, self.app)
@@ -196,6 +198,10 @@ class _Service(rpc.VerifierServicer):
     async def SubmitAudit(self, request, context):
         peer = context.peer() or ""
         return self.node.on_audit(request.sealed, peer.rsplit(":", 1)[0])  # the proxy's host: one link
+
+    async def DialBack(self, request, context):
+        return await dial_back.dial_back(request, context.peer() or "", self.node.identity, self.node.dial_backs,
+                                         time.monotonic())
 
     async def Health(self, request, context):
         return pb.HealthReply(node_id=self.node.identity.node_id_hex, role="verifier", version=VERSION,

@@ -39,7 +39,7 @@ from typing import Callable
 import grpc
 
 from gentorrent.channels import ChannelPool
-from gentorrent.config import CLOVES, REGISTRY, WIRE, RegistryParams
+from gentorrent.config import CLOVES, REACHABILITY, REGISTRY, WIRE, RegistryParams
 from gentorrent.crypto.keys import Identity
 from gentorrent.ledger import pow as pow_rule, queries, txs
 from gentorrent.ledger.genesis import Genesis, GenesisValidator
@@ -426,6 +426,13 @@ class CommitteeDirectory:
         what operators read; the registry's rule, not this read, is what holds nodes to it."""
         reply = await self._ask_any(lambda stub: stub.Query(pb.QueryRequest(path="/catalogue"), timeout=self.timeout))
         return json.loads(reply.value or b"[]")
+
+    async def dial_back(self, port: int) -> pb.DialBackReply:
+        """Whether a member can dial this node at `port` on the host this call comes from
+        (verifier/dial_back.py); CommitteeUnreachable if no member answers."""
+        request = pb.DialBackRequest(public_key=self.identity.public_key, port=port)
+        return await self._ask_any(lambda stub: stub.DialBack(request, timeout=REACHABILITY.dial_timeout_s
+                                                              + self.timeout))
 
     async def _account_sequence(self) -> int:
         path = f"/account/{self.identity.public_key.hex()}"

@@ -120,6 +120,12 @@ class UserRecord:
     def node_id_hex(self) -> str:
         return self.node_id.hex()
 
+    @property
+    def relays(self) -> bool:
+        """False for a client-only user: it registered no address, since the committee could not
+        dial it back (behind NAT); it builds paths and asks, and is never chosen as a hop."""
+        return bool(self.address)
+
     def to_pb(self) -> pb.UserEntry:
         return pb.UserEntry(node_id=self.node_id, public_key=self.public_key, address=self.address,
                             onion_key=self.onion_key, region=self.region,

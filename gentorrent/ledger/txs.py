@@ -255,7 +255,8 @@ def decode_tx(raw: bytes, chain_id: str, verified: VerifiedTxs | None = None) ->
 
 
 def validate_user(info: UserInfo, node_id: bytes) -> None:
-    validate_address(info.address)
+    if info.address:  # none: a client-only user (others cannot dial it; it builds paths and asks, never relays)
+        validate_address(info.address)
     validate_onion_key(info.onion_key)
     if not 0 < len(info.region) <= MAX_REGION_CHARS or not _REGION_RE.fullmatch(info.region):
         raise TxError(CODE_INVALID_FIELD, f"region must be 1..{MAX_REGION_CHARS} chars of [a-z0-9._-]")

@@ -523,6 +523,11 @@ class VerifierStub:
                 request_serializer=gentorrent__pb2.SealedAudit.SerializeToString,
                 response_deserializer=gentorrent__pb2.AuditAck.FromString,
                 _registered_method=True)
+        self.DialBack = channel.unary_unary(
+                '/gentorrent.v1.Verifier/DialBack',
+                request_serializer=gentorrent__pb2.DialBackRequest.SerializeToString,
+                response_deserializer=gentorrent__pb2.DialBackReply.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -577,6 +582,13 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DialBack(self, request, context):
+        """reachability: the member dials the caller back (verifier/dial_back.py)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -619,6 +631,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.SubmitAudit,
                     request_deserializer=gentorrent__pb2.SealedAudit.FromString,
                     response_serializer=gentorrent__pb2.AuditAck.SerializeToString,
+            ),
+            'DialBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.DialBack,
+                    request_deserializer=gentorrent__pb2.DialBackRequest.FromString,
+                    response_serializer=gentorrent__pb2.DialBackReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -837,6 +854,33 @@ class Verifier:
             '/gentorrent.v1.Verifier/SubmitAudit',
             gentorrent__pb2.SealedAudit.SerializeToString,
             gentorrent__pb2.AuditAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DialBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gentorrent.v1.Verifier/DialBack',
+            gentorrent__pb2.DialBackRequest.SerializeToString,
+            gentorrent__pb2.DialBackReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -141,9 +141,9 @@ class CommittedState:
 
     def index_addresses(self) -> None:
         """Rebuild the address index from the records (after loading them)."""
-        self.addresses = {u.address: (Role.USER, k) for k, u in self.users.items()}
+        self.addresses = {u.address: (Role.USER, k) for k, u in self.users.items() if u.address}
         self.addresses.update({m.address: (Role.MODEL, k) for k, m in self.models.items()})
-        self.prefixes = dict(Counter(addresses.cap_prefix(u.address) for u in self.users.values()))
+        self.prefixes = dict(Counter(addresses.cap_prefix(u.address) for u in self.users.values() if u.address))
     def index_leases(self) -> None:
         """Rebuild the lease index from the accounts (after loading them)."""
         self.expiring, self.expiring_seconds = {}, []
@@ -284,6 +284,8 @@ class StateView:
     def _check_prefix(self, address: str, old: UserRecord | None) -> None:
         """At most the genesis' number of relays per IPv4 /24 or IPv6 /48."""
         rules = self.params.registry
+        if not address:  # a client-only user is no relay
+            return
         prefix = addresses.cap_prefix(address)
         cap = rules.relays_per_24 if ":" not in prefix else rules.relays_per_48
         if not cap or (old is not None and addresses.cap_prefix(old.address) == prefix):
@@ -312,7 +314,7 @@ class StateView:
             raise TxError(CODE_NOT_REGISTERED, f"node {tx.node_id.hex()[:16]} has no registration to renew")
 
     def _check_address(self, address: str, me: Holder) -> None:
-        holder = self.addresses.get(address)
+        holder = self.addresses.get(address) if address else None  # "": a client-only user dials out only
         if holder is None or holder == me:
             return
         record = self._table(holder[0]).get(holder[1])
@@ -397,16 +399,19 @@ class StateView:
 
     def _put(self, role: Role, record: UserRecord | ModelRecord, old: UserRecord | ModelRecord | None) -> None:
         """Store a user or model record and keep the address and prefix indexes in step."""
-        if old is not None and old.address != record.address:
+        if old is not None and old.address != record.address and old.address:
             self.addresses.delete(old.address)
         if role is Role.USER:
             if old is not None:
                 self._count_prefix(old.address, -1)
             self._count_prefix(record.address, +1)
         self._table(role).set(record.node_id, record)
-        self.addresses.set(record.address, (role, record.node_id))
+        if record.address:
+            self.addresses.set(record.address, (role, record.node_id))
 
     def _count_prefix(self, address: str, delta: int) -> None:
+        if not address:  # a client-only user: no relay to count
+            return
         prefix = addresses.cap_prefix(address)
         count = (self.prefixes.get(prefix) or 0) + delta
         if count:
@@ -421,7 +426,7 @@ class StateView:
             table.delete(node_id)
             if role is Role.USER:
                 self._count_prefix(old.address, -1)
-            if self.addresses.get(old.address) == (role, node_id):
+            if old.address and self.addresses.get(old.address) == (role, node_id):
                 self.addresses.delete(old.address)
 
     def expire_leases(self) -> list[bytes]:

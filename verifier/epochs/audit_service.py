@@ -31,6 +31,8 @@ from verifier.epochs.scoring import ScoringError, TokenScores
 
 log = logging.getLogger(__name__)
 
+__all__ = ["AuditReportDraft", "AuditService", "service_for"]
+
 # epochs' worth of scored audits (max_per_epoch each) kept for reports the chain keeps refusing
 UNREPORTED_KEPT = 2
 
@@ -42,8 +44,6 @@ class AuditReportDraft:
     scores: list[tuple[bytes, int]]
     digest: bytes
     keys: frozenset[bytes]
-
-__all__ = ["AuditService", "service_for"]
 
 
 class Scorer(Protocol):
@@ -169,7 +169,7 @@ class AuditService:
             await self.score_queued()
             await asyncio.sleep(poll_s)
 
-    def pending_report(self) -> "AuditReportDraft":
+    def pending_report(self) -> AuditReportDraft:
         """What this member reports on chain: per node, the audit score (micros; audits.
         audit_score) of the audits scored and not yet reported, and a digest of their receipts.
         They stay pending until `reported`: a report the chain refused (the epoch was decided
@@ -182,7 +182,7 @@ class AuditService:
         digest = hashlib.sha256(b"".join(sorted(self._unreported))).digest()
         return AuditReportDraft(scores, digest, frozenset(self._unreported))
 
-    def reported(self, draft: "AuditReportDraft") -> None:
+    def reported(self, draft: AuditReportDraft) -> None:
         """The chain took `draft`: its audits are not reported again (those scored since stay)."""
         for key in draft.keys:
             self._unreported.pop(key, None)
