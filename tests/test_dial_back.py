@@ -27,3 +27,24 @@ def test_attack_a_caller_cannot_make_a_member_dial_one_host_over_and_over():
     assert limiter.admit("203.0.113.7", 112.0) == 0.0  # forgotten: at most `hosts_remembered` held
     for _ in range(3):  # loopback: a devnet's nodes on one host, no third party to protect
         assert limiter.admit("127.0.0.1", 100.0) == 0.0
+
+
+def test_a_host_dialled_moments_ago_is_not_dialled_and_told_to_ask_another_member():
+    """Two nodes behind one router ask within seconds: the second is not dialled by that member
+    (no scan through it) and is not called unreachable either: `retry_after_s` sends it to
+    another member (gentorrent/ledger/committee.py), and it stays a relay if all say so."""
+    import asyncio
+
+    from gentorrent.crypto.keys import Identity
+    from gentorrent.wire import gentorrent_pb2 as pb
+    from verifier.dial_back import dial_back
+
+    limiter = DialBackLimiter(ReachabilityParams(host_interval_s=10.0))
+    assert limiter.admit("203.0.113.7", 100.0) == 0.0
+    request = pb.DialBackRequest(public_key=Identity.from_seed(bytes(32)).public_key, port=9000)
+    reply = asyncio.run(dial_back(request, "ipv4:203.0.113.7:5555", Identity.from_seed(bytes([1]) * 32), limiter,
+                                  103.5))
+    assert not reply.reachable and reply.retry_after_s == 7 and reply.address == "203.0.113.7:9000"
+    bad = asyncio.run(dial_back(pb.DialBackRequest(public_key=b"short", port=9000), "ipv4:203.0.113.8:1",
+                                Identity.from_seed(bytes([1]) * 32), limiter, 103.5))
+    assert not bad.reachable and not bad.retry_after_s and "32-byte" in bad.reason

@@ -152,6 +152,9 @@ class UserNode:
         except Exception as exc:  # noqa: BLE001 - an older committee, or none reachable: a relay, as before
             log.warning("reachability not checked (%s): registering %s as a relay", exc, self.address)
             return True, f"not checked: {exc}"
+        if reply.retry_after_s:  # every member asked had just dialled this host: not known, a relay as before
+            log.warning("reachability not checked (%s): registering %s as a relay", reply.reason, self.address)
+            return True, f"not checked: {reply.reason}"
         if reply.reachable and reply.address == self.address:
             return True, f"a member dialled {self.address} back"
         if reply.reachable:  # reachable, but the committee sees another host than the advertised one

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 from collections import OrderedDict
 
 import grpc
@@ -84,7 +85,7 @@ async def dial_back(request: pb.DialBackRequest, peer: str, own: Identity, limit
         return pb.DialBackReply(reachable=False, reason=str(exc))
     wait = limiter.admit(target.rpartition(":")[0], now)
     if wait:
-        return pb.DialBackReply(reachable=False, address=target,
+        return pb.DialBackReply(reachable=False, address=target, retry_after_s=max(1, math.ceil(wait)),
                                 reason=f"this host was dialled back moments ago: ask again in {wait:.0f} s")
     expected = node_id_of(request.public_key).hex()
     channel = tls.pinned_channel(target, tls.anchor_pem(request.public_key), tls.TlsIdentity.bound(own))

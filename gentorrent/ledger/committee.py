@@ -429,10 +429,13 @@ class CommitteeDirectory:
 
     async def dial_back(self, port: int) -> pb.DialBackReply:
         """Whether a member can dial this node at `port` on the host this call comes from
-        (verifier/dial_back.py); CommitteeUnreachable if no member answers."""
+        (verifier/dial_back.py). A member that dialled this host moments ago (another node behind
+        the same router) does not dial: the next one is asked, up to one try per member; the
+        last answer then says `retry_after_s`. CommitteeUnreachable if no member answers."""
         request = pb.DialBackRequest(public_key=self.identity.public_key, port=port)
         return await self._ask_any(lambda stub: stub.DialBack(request, timeout=REACHABILITY.dial_timeout_s
-                                                              + self.timeout))
+                                                              + self.timeout),
+                                   until=lambda reply: not reply.retry_after_s)
 
     async def _account_sequence(self) -> int:
         path = f"/account/{self.identity.public_key.hex()}"
@@ -442,14 +445,21 @@ class CommitteeDirectory:
         except (ValueError, TypeError, AttributeError):
             return 0
 
-    async def _ask_any(self, call):
+    async def _ask_any(self, call, until: Callable[[object], bool] = lambda reply: True):
+        """The first answer `until` accepts, from the verifiers in a random order (else the last
+        answer); CommitteeUnreachable if none answers."""
         order = list(self.genesis.validators)
         self.rng.shuffle(order)
-        errors = []
+        errors, answer = [], None
         for v in order:
             try:
-                return await call(rpc.VerifierStub(self.channels.get(v.address, v.tls_cert_pem)))
+                answer = await call(rpc.VerifierStub(self.channels.get(v.address, v.tls_cert_pem)))
             except grpc.aio.AioRpcError as exc:
                 await self.channels.forget(v.address)
                 errors.append(f"{v.name}: {exc.code().name}: {exc.details()}")
-        raise CommitteeUnreachable("; ".join(errors))
+                continue
+            if until(answer):
+                return answer
+        if answer is None:
+            raise CommitteeUnreachable("; ".join(errors))
+        return answer
