@@ -401,6 +401,21 @@ async def _serve_async(args, home: Path, conf: dict, serving: Serving) -> int:
 ABANDON_QUIET_S, ABANDON_MAX_S = 1.0, 3.0
 
 
+def _refuse_new_processes() -> None:
+    """From now on the start-up thread starts no process: vLLM's engine is spawned by
+    multiprocessing (spawnv_passfds; fork for the fork context), and one spawned after the
+    children were swept outlived this process (seen on a loaded machine: a `spawn_main` child
+    left in the terminal's process group). The thread gets an error instead, which nobody reads:
+    this process exits."""
+    import multiprocessing.util
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("gt-model is stopping: no new process")
+
+    multiprocessing.util.spawnv_passfds = refuse
+    os.fork = refuse
+
+
 def _abandon_start(stage: str) -> NoReturn:
     """Stopped while a start-up thread works (converting weights, building the vLLM engine):
     such a thread cannot be cancelled, and asyncio.run would wait for it to finish (the engine
@@ -410,7 +425,8 @@ def _abandon_start(stage: str) -> NoReturn:
     import psutil  # a dependency of vLLM
 
     log.info("stopped while %s", stage)
-    # the building thread goes on meanwhile and may spawn vLLM's engine process after a sweep (seen:
+    _refuse_new_processes()
+    # the building thread goes on meanwhile: a spawn it had begun shows up only after a sweep (seen:
     # an engine left loading, its SIGINT blocked, holding this process's stderr): sweep until none
     # has appeared for ABANDON_QUIET_S, at most ABANDON_MAX_S
     me, started, quiet_since = psutil.Process(), time.monotonic(), time.monotonic()
