@@ -38,6 +38,16 @@ def committee(tmp_path):
         proc.wait(30)
 
 
+async def _listed(me: UserNode, count: int) -> dict:
+    """The users `me`'s directory lists (node id -> record), once it lists `count` (at most 30 s)."""
+    for _ in range(60):
+        await me.refresh_directory()
+        if len(me.directory.users()) == count:
+            break
+        await asyncio.sleep(0.5)
+    return {u.node_id_hex: u for u in me.directory.users()}
+
+
 async def test_user_nodes_register_with_the_committee_and_build_paths(committee, tmp_path):
     cloves = CloveParams(proxies_kept=2)
     params = OverlayParams(maintenance_interval_s=1.0)
@@ -50,12 +60,7 @@ async def test_user_nodes_register_with_the_committee_and_build_paths(committee,
         nodes.append(node)
     try:
         me = nodes[0]
-        for _ in range(60):
-            await me.refresh_directory()
-            if len(me.directory.users()) == 5:
-                break
-            await asyncio.sleep(0.5)
-        registered = {u.node_id_hex: u for u in me.directory.users()}
+        registered = await _listed(me, 5)
         assert set(registered) == {n.node_id_hex for n in nodes}
         assert registered[nodes[3].node_id_hex].onion_key == nodes[3].keys.onion.public_key
         for node in nodes:
@@ -106,12 +111,7 @@ async def test_attack_a_user_nobody_can_dial_is_registered_client_only_and_never
     try:
         assert not hidden.relaying and hidden.status()["reachability"].startswith("client-only"), hidden.status()
         assert all(n.relaying for n in nodes[:4]), [n.status()["reachability"] for n in nodes]
-        for _ in range(60):
-            await me.refresh_directory()
-            if len(me.directory.users()) == 5:
-                break
-            await asyncio.sleep(0.5)
-        listed = {u.node_id_hex: u for u in me.directory.users()}
+        listed = await _listed(me, 5)
         assert listed[hidden.node_id_hex].address == "" and not listed[hidden.node_id_hex].relays
         assert {listed[n.node_id_hex].address for n in nodes[:4]} == {n.address for n in nodes[:4]}
         for node in nodes:
