@@ -34,6 +34,7 @@ from user_client.audit_handoff import CommitteeHandoff
 from user_client.auditing import Auditor, OverlayAuditChannel
 from gentorrent.ledger.directory import Directory
 from gentorrent.ledger.sections import UserRecord
+from gentorrent.ledger import addresses
 from gentorrent.ledger.txs import advertised_address, check_listen
 from user_client.paths import PathManager
 
@@ -146,7 +147,7 @@ class UserNode:
         dial_back = getattr(self.directory, "dial_back", None)
         if dial_back is None:
             return True, "not checked (a directory file)"
-        port = int(self.address.rpartition(":")[2])
+        port = addresses.parse(self.address)[1]
         try:
             reply = await dial_back(port)
         except Exception as exc:  # noqa: BLE001 - an older committee, or none reachable: a relay, as before
