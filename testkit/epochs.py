@@ -48,6 +48,11 @@ MODEL = "smollm2-135m"
 SAMPLED_TOP = (-0.7, -1.2, -2.0, -3.0)
 REPLAYED_TOKENS = [600 + (1, 1, 2, 1, 1, 2, 1, 3, 1, 2)[i % 10] for i in range(128)]
 BEHAVIOURS = ("honest", "cheat", "down", "replay", "reprompt", "lookup")
+#: how long a test waits for epochs to close. An epoch takes 8-25 s here alone, but the four
+#: in-process members share one event loop, and every fsync (WAL before each signature, block
+#: store per block: ~20 per height) blocks it: CI's run beside the engine tests' disk traffic
+#: saw no epoch close within 90 s in five tests (stop 44). A passing test does not wait longer.
+WAIT_EPOCHS_S = 300.0
 
 
 def scripted_pool() -> TrafficPool:
@@ -189,7 +194,7 @@ class EpochCommittee:
     def model(self, ident: Identity):
         return decode_model(self.nodes[0].app.query(f"/model/{ident.node_id_hex}").value)
 
-    async def wait_epochs(self, closed: int, timeout: float = 90.0) -> pb.EpochsSection:
+    async def wait_epochs(self, closed: int, timeout: float = WAIT_EPOCHS_S) -> pb.EpochsSection:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             sec = self.section()

@@ -26,7 +26,7 @@ from testkit.epochs import (CHEAT_TOKENS, HONEST_TOKENS, MODEL, REPLAYED_TOKENS,
                             ScriptedReference)
 from verifier.epochs.audit_service import service_for
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(600)]  # wait_epochs may take WAIT_EPOCHS_S on a loaded machine
 
 
 def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False,

@@ -24,7 +24,7 @@ from verifier import cli
 from gentorrent.ledger.epoch_txs import Phase
 from testkit.leader_faults import LeaderFaults
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(600)]  # wait_epochs may take WAIT_EPOCHS_S on a loaded machine
 
 
 
@@ -140,7 +140,7 @@ async def test_challenges_leave_at_independent_random_times(tmp_path):
     models = ScriptedModels()
     nodes = [models.add("honest") for _ in range(4)]
     committee = EpochCommittee(tmp_path)
-    await committee.start(models, params=replace(SCRIPTED_PARAMS, challenge_spread_s=1.5))
+    await committee.start(models, params=replace(SCRIPTED_PARAMS, challenge_spread_s=6.0))
     try:
         for port, ident in enumerate(nodes, 9001):
             await committee.register(ident, port)
@@ -148,7 +148,8 @@ async def test_challenges_leave_at_independent_random_times(tmp_path):
         assert sec.history[0].phase == Phase.DONE and len(sec.history[0].result) == 4
         first_epoch = models.asked_at[:4]  # the leader's four challenges (nobody was missing)
         assert sorted(models.asked[:4]) == sorted(n.node_id_hex for n in nodes)
-        assert max(first_epoch) - min(first_epoch) > 0.01, first_epoch  # 4 uniform draws in 1.5 s
+        assert max(first_epoch) - min(first_epoch) > 0.01, first_epoch  # 4 uniform draws in 6 s (1.5 s
+        # failed under disk load: an fsync of the in-process members blocked the loop past every delay)
     finally:
         await committee.stop()
 

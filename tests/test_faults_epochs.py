@@ -14,7 +14,7 @@ from gentorrent.config import REPUTATION
 from gentorrent.ledger.epoch_txs import Phase
 from testkit import scenarios
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(600)]  # wait_epochs may take WAIT_EPOCHS_S on a loaded machine
 
 
 @pytest.mark.parametrize("mode", scenarios.EPOCH_MODES)
