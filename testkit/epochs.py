@@ -53,6 +53,8 @@ BEHAVIOURS = ("honest", "cheat", "down", "replay", "reprompt", "lookup")
 #: store per block: ~20 per height) blocks it: CI's run beside the engine tests' disk traffic
 #: saw no epoch close within 90 s in five tests (stop 44). A passing test does not wait longer.
 WAIT_EPOCHS_S = 300.0
+#: the epoch test files' pytest timeout: room for two such waits
+EPOCH_TEST_TIMEOUT_S = 2 * WAIT_EPOCHS_S
 
 
 def scripted_pool() -> TrafficPool:

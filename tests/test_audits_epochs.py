@@ -22,11 +22,11 @@ from gentorrent.ledger.sections import DirectoryFormatError
 from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
-from testkit.epochs import (CHEAT_TOKENS, HONEST_TOKENS, MODEL, REPLAYED_TOKENS, EpochCommittee, ScriptedModels,
-                            ScriptedReference)
+from testkit.epochs import (CHEAT_TOKENS, EPOCH_TEST_TIMEOUT_S, HONEST_TOKENS, MODEL, REPLAYED_TOKENS, EpochCommittee,
+                            ScriptedModels, ScriptedReference)
 from verifier.epochs.audit_service import service_for
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(600)]  # wait_epochs may take WAIT_EPOCHS_S on a loaded machine
+pytestmark = [pytest.mark.network, pytest.mark.timeout(EPOCH_TEST_TIMEOUT_S)]
 
 
 def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False,

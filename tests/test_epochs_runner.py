@@ -18,13 +18,13 @@ import pytest
 from consensus_netkit import free_base_port
 from gentorrent.config import EPOCH_RUN, EPOCHS, REPUTATION
 from gentorrent.crypto.keys import Identity
-from testkit.epochs import SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
+from testkit.epochs import EPOCH_TEST_TIMEOUT_S, SCRIPTED_PARAMS, EpochCommittee, ScriptedModels
 from gentorrent.wire import gentorrent_pb2 as pb
 from verifier import cli
 from gentorrent.ledger.epoch_txs import Phase
 from testkit.leader_faults import LeaderFaults
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(600)]  # wait_epochs may take WAIT_EPOCHS_S on a loaded machine
+pytestmark = [pytest.mark.network, pytest.mark.timeout(EPOCH_TEST_TIMEOUT_S)]
 
 
 

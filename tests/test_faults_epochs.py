@@ -13,8 +13,9 @@ import pytest
 from gentorrent.config import REPUTATION
 from gentorrent.ledger.epoch_txs import Phase
 from testkit import scenarios
+from testkit.epochs import EPOCH_TEST_TIMEOUT_S
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(600)]  # wait_epochs may take WAIT_EPOCHS_S on a loaded machine
+pytestmark = [pytest.mark.network, pytest.mark.timeout(EPOCH_TEST_TIMEOUT_S)]
 
 
 @pytest.mark.parametrize("mode", scenarios.EPOCH_MODES)
