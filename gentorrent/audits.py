@@ -63,10 +63,12 @@ class AuditError(ValueError):
 
 
 class RegisteredModel(Protocol):
-    """What the check needs of a registered model node (sections.ModelRecord has it)."""
+    """What the check needs of a registered model node (sections.ModelRecord has it), and the
+    weights it claims (what a reference must run to score it: catalogue.reference_mismatch)."""
 
     public_key: bytes
     model: str
+    weights_digest: str
 
 
 def commitment_of(secret: bytes) -> bytes:

@@ -136,6 +136,24 @@ def readable_file(text: str) -> Path:
     return path
 
 
+def add_trust_anchor(p: argparse.ArgumentParser) -> None:
+    """`--trust-anchor HEIGHT:HASH`: the option every node that reads the committee takes."""
+    from gentorrent.config import REGISTRY
+    from gentorrent.ledger.light_client import TrustAnchor
+
+    def anchor(text: str) -> TrustAnchor:
+        try:
+            return TrustAnchor.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    anchor.__name__ = "trust anchor"
+    p.add_argument("--trust-anchor", type=anchor, default=None, metavar="HEIGHT:HASH",
+                   help="with --committee: trust this recent block first (the trust_anchor `gt-verifier status` "
+                        "prints on a member you trust). Needed once the genesis file, or what this node verified "
+                        f"last, is older than the trusting period ({REGISTRY.trusting_period_s / 86400:.0f} days)")
+
+
 def check_can_listen(address: str, what: str) -> None:
     """Fail now (one line) when HOST:PORT cannot be listened on, before anything starts or
     registers: a bind without SO_REUSEPORT, closed at once (port 0 always works). With
@@ -161,10 +179,12 @@ def check_can_listen(address: str, what: str) -> None:
 
 
 def check_directory_source(committee: str | Path | None, directory: str | Path | None,
-                           directory_may_be_missing: bool = False) -> None:
+                           directory_may_be_missing: bool = False, trust_anchor: object = None) -> None:
     """The genesis (or a test's static directory file) is readable and well-formed, before
     anything starts: a wrong --committee is a one-line error in a second, not after an engine
-    has loaded for a minute."""
+    has loaded for a minute. A --trust-anchor is a block of the committee's chain: it needs one."""
+    if trust_anchor is not None and not committee:
+        raise UsageError("--trust-anchor goes with --committee GENESIS (it is a block of that chain)")
     if committee:
         from gentorrent.ledger.genesis import Genesis, GenesisError
 

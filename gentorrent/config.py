@@ -73,7 +73,8 @@ class OverlayParams:
     # for hop-local acks as the asker does, so hop 1 cannot tell the asker by its frames, and the
     # proxy holds what crosses it for a uniform random time up to `position_cover_s`: cloves to the
     # model node, each ask's replies (one draw per ask), its establishment confirmation
-    # (gentorrent/overlay/cover_timing.py). False / 0 restore the code before 2026-12-02.
+    # (gentorrent/overlay/cover_timing.py). False / 0 restore the code before 2026-12-02: relays
+    # forward without acks, and so close no path whose successor is gone (user_client/relay.py).
     hide_position: bool = True
     position_cover_s: float = 0.2
     # model-node intake

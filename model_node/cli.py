@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from gentorrent.cli import (EXIT_NO_NODE, Parser, Stages, UsageError, check_can_listen, check_directory_source,
-                            float_in, host_port, int_in, run, stop_on_signals, take_home, until_stopped)
+from gentorrent.cli import (EXIT_NO_NODE, Parser, Stages, UsageError, add_trust_anchor, check_can_listen,
+                            check_directory_source, float_in, host_port, int_in, run, stop_on_signals, take_home,
+                            until_stopped)
 from gentorrent.config import MAX_CAPACITY, MIN_CAPACITY, MODEL_NODE, ModelNodeParams
 from gentorrent.ledger.genesis import GenesisError
 from model_node import tools
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--committee", metavar="GENESIS", type=Path, default=None,
                    help="the committee's genesis file: register this node there, then serve the overlay and "
                         "its model group from the committee's checked directory")
+    add_trust_anchor(s)
     s.add_argument("--advertise", metavar="HOST:PORT", default=None,
                    help="the address to register, when peers reach this node elsewhere than --listen "
                         "(needed with a wildcard --listen such as 0.0.0.0:50061)")
@@ -212,7 +214,8 @@ def _serve(args, serving: Serving) -> int:
     try:
         args.load_model, args.weights = serving.weights(args.model, args.weights)
         catalogue.check_available(args.load_model, args.weights)
-        check_directory_source(args.committee, args.directory, directory_may_be_missing=True)
+        check_directory_source(args.committee, args.directory, directory_may_be_missing=True,
+                               trust_anchor=args.trust_anchor)
         conf = load_config(home, args)
         _check_hardware(args, conf["model_node"])
         take_home(home)  # one process per home: before its ports, the keys, the logs or the engine
@@ -290,6 +293,7 @@ async def _serve_async(args, home: Path, conf: dict, serving: Serving) -> int:
     from model_node import catalogue
     from model_node.service import LocalGenerator, ModelNodeService
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
+    from gentorrent.wire import gentorrent_pb2 as pb
 
     params = conf["model_node"]
     stop = stop_on_signals()  # first: Ctrl-C at any stage below stops the node within seconds
@@ -353,7 +357,10 @@ async def _serve_async(args, home: Path, conf: dict, serving: Serving) -> int:
                                  ChannelPool(own=tls_id),  # proxies' relays demand a client certificate
                                  cloves=conf["cloves"], params=conf["overlay"], max_active=params.max_queued_requests)
         service = ModelNodeService(generator, capacity=args.capacity, address=address, clove_intake=intake,
-                                   forwarder=router, gossip=gossip, generate_route=router)
+                                   forwarder=router, gossip=gossip, generate_route=router,
+                                   serving=pb.CatalogueEntry(model=engine.model, weights_digest=args.weights_digest,
+                                                             max_model_len=engine.max_model_len,
+                                                             **engine.scoring_options()))
         rpc.add_ModelNodeServicer_to_server(service, server)
         await server.start()
         # before registering: a node that cannot serve its metrics stops unlisted
@@ -494,7 +501,7 @@ def _directory(args, home: Path):
         from gentorrent.config import ROUTING
 
         try:  # the group's roster is followed at the routing refresh, not a user node's pace
-            return CommitteeDirectory.from_args(str(args.committee), home,
+            return CommitteeDirectory.from_args(str(args.committee), home, trust_anchor=args.trust_anchor,
                                                 roster_refresh_s=ROUTING.directory_refresh_s)
         except TrustFileError as exc:  # a damaged trust file: the operator decides (see its message)
             raise UsageError(str(exc)) from None

@@ -221,6 +221,18 @@ class Engine:
         engine.startup_s = time.monotonic() - t0
         return engine
 
+    def scoring_options(self) -> dict[str, str]:
+        """The engine options a catalogue entry names, as vLLM resolved them ("auto" becomes the
+        checkpoint's dtype): what a verifier compares its reference engine with
+        (gentorrent.ledger.catalogue.reference_mismatch)."""
+        config = getattr(self.llm, "vllm_config", None)
+        if config is None:  # no vLLM engine behind it (a tokenizer-only stand-in): what it was asked for
+            return {"dtype": self.params.dtype, "quantization": self.params.quantization,
+                    "kv_cache_dtype": self.params.kv_cache_dtype}
+        return {"dtype": str(config.model_config.dtype).removeprefix("torch."),
+                "quantization": config.model_config.quantization or "",
+                "kv_cache_dtype": str(config.cache_config.cache_dtype)}
+
     async def _warm_up(self) -> None:
         """One tiny generation and one tiny scoring pass before the node says it is ready.
 

@@ -237,9 +237,12 @@ class ModelNodeService(rpc.ModelNodeServicer):
     def __init__(self, generator: LocalGenerator, capacity: int = MODEL_NODE.default_capacity,
                  address: str = "", clove_intake: CloveHandler | None = None,
                  forwarder: ForwardHandler | None = None, gossip: GossipHandler | None = None,
-                 generate_route: Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]] | None = None
-                 ) -> None:
+                 generate_route: Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]] | None = None,
+                 serving: pb.CatalogueEntry | None = None) -> None:
+        """`serving`: the weights digest and engine options it runs, as Status reports them (a
+        verifier checks its reference with them); by default only the model's name."""
         self.generator = generator
+        self.serving = serving
         self.capacity = capacity
         self.address = address
         self.clove_intake = clove_intake
@@ -323,7 +326,8 @@ class ModelNodeService(rpc.ModelNodeServicer):
     async def Status(self, request: pb.Empty, context) -> pb.StatusReply:
         return pb.StatusReply(node_id=self.generator.identity.node_id_hex, model=self.engine.model,
                               load=self.load_report(), address=self.address,
-                              json=json.dumps(self.status_dict(), sort_keys=True))
+                              json=json.dumps(self.status_dict(), sort_keys=True),
+                              serving=self.serving or pb.CatalogueEntry(model=self.engine.model))
 
     async def Health(self, request: pb.Empty, context) -> pb.HealthReply:
         return pb.HealthReply(node_id=self.generator.identity.node_id_hex, role="model",

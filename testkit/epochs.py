@@ -83,7 +83,7 @@ def in_public_pool(text: str) -> bool:
 class ScriptedReference:
     """Honest tokens are the greedy choice; a sampled token (600 + rank) is what its rank says."""
 
-    async def score(self, request, token_ids):
+    async def score(self, request, token_ids, served_by=None):
         lps, ranks, tops = [], [], []
         for t in token_ids:
             if 600 < t <= 600 + len(SAMPLED_TOP):
@@ -203,5 +203,9 @@ class EpochCommittee:
             if len(sec.history) >= closed:
                 return sec
             await asyncio.sleep(0.2)
-        raise AssertionError(f"only {len(self.section().history)} epochs closed; runner logs: "
+        cur = self.section().current
+        nodes = [(n.consensus.host.height, len(n.consensus.mempool), n.consensus.gossip) for n in self.nodes]
+        raise AssertionError(f"only {len(self.section().history)} epochs closed; now epoch {cur.epoch} phase "
+                             f"{cur.phase} since block time {cur.phase_started_ms}, leader {cur.leader.hex()[:12]}; "
+                             f"members (height, mempool, gossip): {nodes}; runner logs: "
                              f"{[r.log[-6:] for r in self.runners]}")

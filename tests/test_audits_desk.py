@@ -47,7 +47,7 @@ class SyntheticReference:
     def __init__(self) -> None:
         self.scored = 0
 
-    async def score(self, request: pb.GenerateRequest, token_ids: list[int]):
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int], served_by=None):
         self.scored += 1
         return view(_logits(request), np.array(token_ids))
 
@@ -60,7 +60,7 @@ BLIND_LOGITS = reference_logits(np.random.default_rng(7), N_TOKENS)
 class BlindReference(SyntheticReference):
     """A reference whose single pass sees every reply under BLIND_LOGITS, whatever its prompt."""
 
-    async def score(self, request: pb.GenerateRequest, token_ids: list[int]):
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int], served_by=None):
         self.scored += 1
         return view(BLIND_LOGITS, np.array(token_ids))
 

@@ -24,9 +24,12 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from testkit.epochs import (CHEAT_TOKENS, EPOCH_TEST_TIMEOUT_S, HONEST_TOKENS, MODEL, REPLAYED_TOKENS, EpochCommittee,
                             ScriptedModels, ScriptedReference)
-from verifier.epochs.audit_service import service_for
+from testkit.leader_faults import LeaderFaults
+from verifier.epochs.wiring import attach_audit_desk
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(EPOCH_TEST_TIMEOUT_S)]
+#: of a test's time, what stopping the committee and the assertions are left
+TEARDOWN_S = 60
 
 
 def _audited_ask(rng: random.Random, node: Identity, tokens: list[int], prompt: str, reusable: bool = False,
@@ -75,9 +78,15 @@ async def _users(committee: EpochCommittee, asks: dict[str, tuple[Identity, list
             await channel.close()
 
 
-def _reports(committee: EpochCommittee) -> list[list[str]]:
-    """Each member's audit reports and what the chain said (for a failure's message)."""
-    return [[line for line in r.log if "audit report" in line] for r in committee.runners]
+def _reports(committee: EpochCommittee) -> str:
+    """For a failure's message: the epochs the chain closed and the one open, then each
+    member's audit reports and what the chain said of them."""
+    sec = committee.section()
+    closed = [f"{h.epoch} {h.phase}{' (' + h.reason + ')' if h.reason else ''} at {h.closed_height}"
+              for h in sec.history]
+    return (f"epochs closed: {closed}; open: {sec.current.epoch} {sec.current.phase} at height "
+            f"{committee.nodes[0].consensus.host.height}; reports: "
+            f"{[[line for line in r.log if 'audit report' in line] for r in committee.runners]}")
 
 
 def _trusted(committee: EpochCommittee, ident: Identity) -> bool:
@@ -89,16 +98,20 @@ def _trusted(committee: EpochCommittee, ident: Identity) -> bool:
 
 @contextlib.asynccontextmanager
 async def _epochs_with_users(tmp_path, models: ScriptedModels, nodes: list[Identity], watched: Identity,
-                             asks: dict[str, tuple[Identity, list[int]]], reusable: bool = False):
-    """Four members, each running an audit desk over the scripted reference; `nodes` registered,
+                             asks: dict[str, tuple[Identity, list[int]]], reusable: bool = False,
+                             faults: LeaderFaults | None = None):
+    """Four members, each running an audit desk over the scripted reference as `gt-verifier
+    start --epochs` does (wiring.attach_audit_desk), led as `faults` says; `nodes` registered,
     users handing in audits of `asks` throughout; yields (committee, the members' acks, the epochs
     done since the members took the first audit) once `watched` is untrusted, six such epochs
-    closed or 240 s passed. Epochs count from the first audit taken, not from the start: on a
-    loaded machine several close while the nodes register (CI)."""
+    closed or the test's time is nearly spent. Epochs count from the first audit taken, not from
+    the start: on a loaded machine several close while the nodes register (CI), and there an
+    epoch took over 100 s (stop 47: two epochs in the 240 s this waited then)."""
+    deadline = time.monotonic() + EPOCH_TEST_TIMEOUT_S - TEARDOWN_S
     committee = EpochCommittee(tmp_path)
-    await committee.start(models)
+    await committee.start(models, faults)
     for node, runner in zip(committee.nodes, committee.runners):
-        runner.audits = node.audits = service_for(node.epoch_host(), ScriptedReference(), outputs=runner.outputs)
+        attach_audit_desk(node, runner, ScriptedReference())
     feeding = None
     try:
         for port, ident in enumerate(nodes, 9001):
@@ -111,7 +124,6 @@ async def _epochs_with_users(tmp_path, models: ScriptedModels, nodes: list[Ident
             return [h for h in committee.section().history
                     if first_taken and h.epoch >= first_taken[0] and h.phase == Phase.DONE]
 
-        deadline = time.monotonic() + 240
         while _trusted(committee, watched) and len(audited_epochs()) < 6 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
         yield committee, acks, audited_epochs()
@@ -149,6 +161,23 @@ async def test_a_node_replaying_one_reply_to_its_users_is_untrusted_through_audi
         assert not committee.model(replayer).trusted, _reports(committee)
         assert len(done) <= 5
         assert any("audit report" in line and "submitted" in line for r in committee.runners for line in r.log)
+        assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
+
+
+async def test_attack_leaders_that_report_every_node_missing_do_not_keep_the_audits_off_the_chain(tmp_path):
+    """The attack: every leader reports every node missing, so no epoch has a reply to attest
+    and each goes from probing straight to resolving (the members' probes reach the nodes: a
+    dispute, no score). A member reported its audits only before attesting, so none reached the
+    chain and the node cheating on its users' real asks stayed trusted for good. The members
+    report them while the epoch resolves too."""
+    models = ScriptedModels()
+    sly = models.add("honest")
+    honest = models.add("honest")
+    asks = {"sly": (sly, CHEAT_TOKENS, 0.0), "honest": (honest, HONEST_TOKENS, 0.0)}
+    faults = LeaderFaults(drop={sly.node_id_hex, honest.node_id_hex})
+    async with _epochs_with_users(tmp_path, models, [sly, honest], sly, asks, faults=faults) as (committee, _, done):
+        assert not committee.model(sly).trusted, _reports(committee)
+        assert done and all("disputed:" in h.reason for h in done), _reports(committee)  # (none attested)
         assert committee.model(honest).trusted and committee.model(honest).reputation > 0.9
 
 

@@ -103,6 +103,8 @@ def test_gt_user_start_refuses_bad_arguments_and_files_changing_nothing(tmp_path
             (("--api-listen", f"127.0.0.1:{taken}"), "cannot listen on --api-listen"),
             (("--api-listen", "0.0.0.0:0"), "--api-key"),  # every interface and no key: anyone would ask as you
             (("--cors-origin", "evil"), "--cors-origin"),
+            (("--trust-anchor", "12:abc"), "HEIGHT:HASH"),
+            (("--trust-anchor", f"12:{'ab' * 32}"), "goes with --committee"),
         ]
         for args, words in cases:
             extra = () if args[0] in ("--directory", "--committee") else ("--directory", str(directory))
@@ -256,6 +258,14 @@ def test_gt_model_refuses_a_taken_port_before_loading_anything(tmp_path):
         holder.close()
     _one_line_error(out, "cannot listen on", "--listen")
     _one_line_error(metrics, "cannot listen on", "--metrics")
+    assert not (tmp_path / "node.json").exists()
+
+
+def test_gt_model_refuses_a_trust_anchor_without_a_committee_or_malformed(tmp_path):
+    anchor = f"7:{'cd' * 32}"
+    _one_line_error(_cli("model_node.cli", "serve", "--home", str(tmp_path), "--trust-anchor", anchor),
+                    "goes with --committee")
+    _one_line_error(_cli("model_node.cli", "serve", "--home", str(tmp_path), "--trust-anchor", "7"), "HEIGHT:HASH")
     assert not (tmp_path / "node.json").exists()
 
 

@@ -267,3 +267,26 @@ def test_clove_layers_only_open_with_the_right_keys():
         onion.peel_forward(a.hop_keys[0], b"tiny")
     with pytest.raises(onion.CloveLayerError):
         onion.wrap_forward(a, b"too long", 0, pad_to=3)
+
+
+@pytest.mark.parametrize("sealer", [0, 1, 2])
+def test_a_notice_sealed_by_any_hop_is_opened_by_the_user_who_learns_which_hop_sealed_it(sealer):
+    """A hop before the proxy seals its word that the path broke like the proxy seals a reply
+    (user_client/relay.py `_close`); the hops before it wrap it as they wrap everything, and it
+    is as long as the proxy's notice of the same padding, so on the way back no hop can tell who
+    sealed it. The user opens it and learns the hop; the proxy-only unwrap refuses it (a hop
+    cannot pass its words off as the model node's), and a tampered one opens at no hop."""
+    path = _established(3)
+    back = onion.seal_return(path.hop_keys[sealer], b"the path broke here", pad_to=48)
+    for key in reversed(path.hop_keys[:sealer]):
+        back = onion.wrap_return(key, back)
+    proxy_notice = onion.seal_return(path.hop_keys[2], b"undelivered", pad_to=48)
+    assert len(back) == len(proxy_notice)
+    assert onion.unwrap_return_from(path, back) == (sealer, b"the path broke here")
+    if sealer < 2:
+        with pytest.raises(onion.CloveLayerError):
+            onion.unwrap_return(path, back)
+    bad = bytearray(back)
+    bad[-1] ^= 1
+    with pytest.raises(onion.CloveLayerError):
+        onion.unwrap_return_from(path, bytes(bad))

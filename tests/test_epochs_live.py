@@ -12,6 +12,12 @@ of the prompt (garbage the reference model scores down), one breaks its receipts
 Leaders that forge the honest node's reply or alter a reply are caught; one that drops it is
 contradicted (the node unscored, the leader's dispute recorded); the honest node is unharmed.
 
+A model added without code: before the epochs begin a member lists ALIAS by a `catalogue_add`
+transaction (the same weights as SmolLM2 under another name, as `gt-verifier catalogue add`
+does), and a second honest `gt-model serve --model ALIAS --weights DIR` registers it with its
+digest. The members' one reference engine serves SmolLM2: it scores the alias node because a
+model is its weights (verifier/epochs/reference.py), and the node stays trusted.
+
 The cheaters started are GT_LIVE_CHEATERS (comma-separated testkit.cheaters kinds, default
 `pruned,random`); `GT_LIVE_CHEATERS=pruned,noisy,other-model,random` runs all four kinds a
 committee catches on challenges alone. `make test` leaves two out: Gemma's engine (other-model)
@@ -51,11 +57,14 @@ from test_user_model import CLOVES, PATIENT, _IntakeFront
 from gentorrent.ledger.directory import StaticDirectory
 from gentorrent.ledger.sections import ModelRecord
 from testkit.localnet import start_user_nodes
+from testkit.waiting import until
 from verifier import cli
 from gentorrent.ledger.epoch_txs import Phase
 from gentorrent.ledger import txs
 from gentorrent.ledger.genesis import loopback_pow_nonce
 from gentorrent.ledger.sections import decode_model
+from gentorrent.ledger.catalogue import entry_of
+from model_node import catalogue as model_catalogue
 from verifier.node import VerifierNode
 from verifier.epochs.reference import RemoteReference
 from testkit.leader_faults import LeaderFaults
@@ -65,6 +74,7 @@ from testkit.cheaters import KINDS
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2-135m"
+ALIAS = "smollm2-live-alias"  # listed by a catalogue transaction: SmolLM2's weights under another name
 CHEATERS = tuple(k.strip() for k in os.environ.get("GT_LIVE_CHEATERS", "pruned,random").split(","))
 CHAIN = "live"
 PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_tokens=64, epoch_pause_s=0.0,
@@ -84,11 +94,19 @@ class LiveCommittee:
         self.trace: list[tuple[int, str, float, dict[str, float]]] = []  # (epoch, phase, s, name -> reputation)
         self.t0 = time.monotonic()
 
-    async def start(self, reference_node: ModelNodeProcess, directory: Path, faults: LeaderFaults) -> None:
+    async def start(self, reference_node: ModelNodeProcess, directory: Path, faults: LeaderFaults,
+                    listed: tuple[pb.CatalogueEntry, ...] = ()) -> None:
+        """`listed`: catalogue entries the first member adds by transaction before the epochs begin."""
         for home in self.homes:
             node = VerifierNode(home)
             await node.start()
             self.nodes.append(node)
+        for seq, entry in enumerate(listed, start=1):  # its first transactions: its runner has sent none yet
+            reply = await self.nodes[0].consensus.submit_tx(
+                txs.catalogue_add(self.nodes[0].identity, entry, seq, chain_id=CHAIN), forwarded=False)
+            assert reply.code == 0, reply.log
+        await until(lambda: len(json.loads(self.nodes[0].app.query("/catalogue").value)) == len(listed), 60,
+                    "the catalogue entries to commit")
         for node in self.nodes:
             reference = RemoteReference(reference_node.address, reference_node.cert_pem)
             self.runners.append(await attach_epochs(node, reference, directory, PARAMS, faults,
@@ -127,9 +145,9 @@ class LiveCommittee:
                              f"runners {[r.log[-5:] for r in self.runners]}")
 
 
-def register_on_chain(home: Path, address: str) -> bytes:
+def register_on_chain(home: Path, address: str, model: str = MODEL, weights_digest: str = "") -> bytes:
     keys = NodeKeys.load_or_create(home)
-    return txs.register_model(keys.identity, address, MODEL, 5, 1, chain_id=CHAIN,
+    return txs.register_model(keys.identity, address, model, 5, 1, chain_id=CHAIN, weights_digest=weights_digest,
                               pow_nonce=loopback_pow_nonce(CHAIN, keys.identity.public_key))
 
 
@@ -177,10 +195,15 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
         f"GT_LIVE_CHEATERS: kinds from {', '.join(KINDS)}, except replay and selective (no users ask here)"
     cheaters = {kind: ModelNodeProcess(tmp_path / kind, extra=("--directory", str(directory_path)), dishonest=kind)
                 for kind in CHEATERS}
+    smollm2 = model_catalogue.cache_root() / "models" / MODEL  # the folder the session node converted
+    alias = ModelNodeProcess(tmp_path / "alias", model=ALIAS,
+                             extra=("--directory", str(directory_path), "--weights", str(smollm2)))
     echoes = EchoNodes(tmp_path / "echo", directory_path)
-    try:  # the echo nodes start while the cheaters' engines do; a failing set-up stops both
-        await asyncio.gather(*(asyncio.to_thread(c.start) for c in cheaters.values()), asyncio.to_thread(
+    try:  # the echo nodes start while the engines do; a failing set-up stops them all
+        await asyncio.gather(*(asyncio.to_thread(c.start) for c in (*cheaters.values(), alias)), asyncio.to_thread(
             echoes.start, {"hung": (), "garbage": (), "badsig": ("--misbehave", "bad-signature")}))
+        digest = model_node.info["weights_digest"]
+        assert alias.info["weights_digest"] == digest and alias.info["model"] == ALIAS, alias.info
         engine_channel = await model_node.connect()
         front = _IntakeFront(tmp_path / "front", directory, rpc.ModelNodeStub(engine_channel), model_node)
         server, port = tls.new_server(front.tls, "127.0.0.1:0")
@@ -188,20 +211,22 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
         await server.start()
         directory.add_model(ModelRecord(bytes.fromhex(model_node.node_id), model_node.public_key, f"127.0.0.1:{port}", MODEL,
                                         front.keys.onion.public_key))
-        for c in cheaters.values():
-            directory.add_model(ModelRecord(bytes.fromhex(c.node_id), c.public_key, c.address, MODEL,
+        for c in (*cheaters.values(), alias):
+            directory.add_model(ModelRecord(bytes.fromhex(c.node_id), c.public_key, c.address, c.model,
                                             NodeKeys.load_or_create(c.home).onion.public_key))
         relays = await start_user_nodes(9, directory_path, tmp_path, cloves=CLOVES, params=PATIENT, maintain=False)
         faults = LeaderFaults()
         committee = LiveCommittee(tmp_path)
     except BaseException:
-        for c in cheaters.values():
+        for c in (*cheaters.values(), alias):
             c.stop()
         echoes.stop()
         raise
     try:
-        await committee.start(model_node, directory_path, faults)
+        await committee.start(model_node, directory_path, faults,
+                              listed=(entry_of({"model": ALIAS, "weights_digest": digest}),))
         for tx in (register_on_chain(model_node.home, model_node.address),
+                   register_on_chain(alias.home, alias.address, ALIAS, digest),
                    *(register_on_chain(c.home, c.address) for c in cheaters.values()),
                    *(echoes.registration(name) for name in ("hung", "garbage", "badsig"))):
             reply = await committee.nodes[0].consensus.submit_tx(tx, forwarded=False)
@@ -210,7 +235,8 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
         honest, cheat = model_node.node_id, cheaters[CHEATERS[0]].node_id
         zoo = {kind: c.node_id for kind, c in cheaters.items()}
         hung, garbage, badsig = (echoes.started[name]["node_id"] for name in ("hung", "garbage", "badsig"))
-        committee.watched = {"honest": honest, **zoo, "hung": hung, "garbage": garbage, "badsig": badsig}
+        committee.watched = {"honest": honest, "alias": alias.node_id, **zoo, "hung": hung, "garbage": garbage,
+                             "badsig": badsig}
         tau = REPUTATION.abnormal_threshold
 
         def untrusted(node: str) -> bool:
@@ -225,8 +251,12 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
             done = [h for h in sec.history if h.phase == Phase.DONE and h.result]
             assert done, [(h.epoch, h.phase, h.reason) for h in sec.history]
             scores = {n: [s.score_micros / 1e6 for h in done for s in h.result if s.node_id.hex() == n]
-                      for n in (honest, *zoo.values(), hung, garbage, badsig)}
+                      for n in (honest, alias.node_id, *zoo.values(), hung, garbage, badsig)}
             assert scores[honest] and min(scores[honest]) >= tau, scores  # honest: never abnormal
+            # the catalogue's alias: registered with its digest, scored by the SmolLM2 reference, honest
+            listed = committee.model(alias.node_id)
+            assert (listed.model, listed.weights_digest) == (ALIAS, digest), listed
+            assert scores[alias.node_id] and min(scores[alias.node_id]) >= tau and listed.trusted, scores
             first = committee.trace[0][0]  # the first epoch that closed once every node had registered
             for kind, node in zoo.items():  # every cheater: abnormal, below the honest node, and untrusted
                 # within the paper's goal, counted in the epochs that closed since all registered
@@ -307,6 +337,6 @@ async def test_live_committee_untrusts_cheating_and_dead_nodes_and_catches_fault
         await server.stop(None)
         await front.channels.close()
         await engine_channel.close()
-        for c in cheaters.values():
+        for c in (*cheaters.values(), alias):
             c.stop()
         echoes.stop()

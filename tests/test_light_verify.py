@@ -18,8 +18,10 @@ import pytest
 from gentorrent.ledger.chain import (Commit, CommitSig, DirectoryProofCodec, Validator, ValidatorSet, Vote, VoteType,
                                     make_block)
 from gentorrent.ledger.genesis import Genesis, GenesisValidator
-from gentorrent.ledger.light_client import (LIGHT_BLOCK_PATH, Committee, CommitteeChanged, NotFollowed, TooFewSignatures,
-                                            TrustFileError, UnknownKey, certify, committee_reader)
+from gentorrent.ledger import queries
+from gentorrent.ledger.light_client import (LIGHT_BLOCK_PATH, Committee, CommitteeChanged, DirectoryRejected, NotFollowed,
+                                            TooFewSignatures, TrustAnchor, TrustExpired, TrustFileError, UnknownKey,
+                                            certify, committee_reader)
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.ledger.light_verify import (Expired, ForkDetected, InvalidHeader, LightBlock, LightBlockCodec,
                                             NotEnoughTrust, bisect, conflict, genesis_block, verify)
@@ -286,6 +288,70 @@ async def test_the_reader_keeps_a_followed_change_in_the_trust_file(chain, tmp_p
     again = Committee(CHAIN, history.at(1), 0)
     again.restore_trust(trust.read_bytes())
     assert again.trusted_below(top + 1).header == blocks[top].header
+
+
+def _light_blocks_of(blocks, asked: list[str]):
+    """A verifier that serves the chain's light blocks and answers nothing else."""
+    async def send(v, path, data):
+        asked.append(path)
+        if not path.startswith(LIGHT_BLOCK_PATH):
+            return pb.QueryReply(code=1, log="this verifier serves light blocks only")
+        height = int(path[len(LIGHT_BLOCK_PATH):])
+        return pb.QueryReply(code=0, value=LightBlockCodec.encode(blocks[height]), height=height)
+    return send
+
+
+async def test_a_new_node_with_an_old_genesis_believes_nothing_until_given_a_recent_trust_anchor(chain):
+    """Attack (long-range): the genesis members all left long ago, and their old keys sign a
+    header of their own committee. A new node holding only the genesis file, older than the
+    trusting period, would believe it: it names the genesis committee (the restart test above,
+    `genesis_only`). Now it believes nothing from anyone, saying what to do; given a trust
+    anchor (a recent height and header hash from a source it trusts) it follows from there:
+    the real answer is believed, the forged one is not, and a wrong anchor is refused."""
+    blocks, ids, history = chain
+    top = max(blocks)
+    forged, anchored = _forged(blocks, top, ids[:4]), blocks[top - 1]
+    now = anchored.time_ms + 1000
+    period = now - anchored.time_ms + 1  # the anchor is just recent enough, the genesis (time 0) is not
+    asked: list[str] = []
+
+    def reader(anchor: TrustAnchor | None):
+        r = committee_reader(_genesis_of(history), anchor=anchor)
+        r.send, r.now_ms, r.committee.trusting_period_ms = _light_blocks_of(blocks, asked), lambda: now, period
+        return r
+
+    bare = reader(None)
+    assert certify(top - 1, _proof(forged), Committee(CHAIN, history.at(1), 0)).height == top - 1  # the hole
+    with pytest.raises(TrustExpired, match="--trust-anchor"):
+        await bare.ask(queries.Members())
+    assert asked == []  # refused before asking anyone
+    wrong = reader(TrustAnchor(anchored.height, bytes(32)))
+    with pytest.raises(DirectoryRejected, match="trust anchor"):
+        await wrong.ask(queries.Members())
+    assert wrong.committee.followed == [] and wrong.committee.latest is None  # nothing trusted
+    good = reader(TrustAnchor.parse(f"{anchored.height}:{anchored.header.hash().hex()}"))
+    await good.take_anchor()
+    good.committee.check_fresh(now)  # (fresh now: what it follows from is the anchor)
+    assert certify(top - 1, _proof(blocks[top]), good.committee).app_hash == blocks[top].header.last_app_hash
+    with pytest.raises(CommitteeChanged):  # the forged header names the genesis committee: not the anchor's
+        certify(top - 1, _proof(forged), good.committee)
+    with pytest.raises(NotFollowed):
+        _follow(good.committee, forged, {**blocks, top: forged}, now)
+    member = reader(None)  # a committee member's own user node: it anchors at the member's newest block
+    member.anchor_source = lambda: TrustAnchor(anchored.height, anchored.header.hash())
+    with pytest.raises(DirectoryRejected, match="light blocks only"):  # past the trust check: a verifier is asked
+        await member.ask(queries.Members())
+    assert member.committee.newest().header == anchored.header
+
+
+def test_a_trust_anchor_is_height_colon_hash_and_anything_else_is_refused_clearly():
+    digest = "ab" * 32
+    anchor = TrustAnchor.parse(f"120:{digest}")
+    assert (anchor.height, anchor.header_hash) == (120, bytes.fromhex(digest)) and str(anchor) == f"120:{digest}"
+    for bad in ("", "120", f"0:{digest}", f"-1:{digest}", f"x:{digest}", "120:abc", f"120:{'zz' * 32}",
+                f"120:{digest}00", f"{'9' * 20}:{digest}"):
+        with pytest.raises(ValueError, match="HEIGHT:HASH"):
+            TrustAnchor.parse(bad)
 
 
 def _genesis_of(history) -> Genesis:

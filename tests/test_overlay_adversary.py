@@ -103,9 +103,8 @@ async def test_a_relay_that_drops_is_found_by_the_delivery_tokens(tmp_path):
     async with Net(tmp_path, users=13) as net:
         dropper, *rest = net.nodes[1:]
         paths = await net.pin_paths([[rest[0], dropper, rest[1]], rest[2:5], rest[5:8], [rest[8], rest[9], rest[2]]])
-        send = dropper.relay._send
-        dropper.relay._send = lambda node_id, forward, cloves, ack=False: (
-            None if forward else send(node_id, forward, cloves, ack))
+        pass_on = dropper.relay._pass_on  # it takes forward cloves and passes none on (nor closes a path)
+        dropper.relay._pass_on = lambda node_id, forward, items: None if forward else pass_on(node_id, forward, items)
         tally: dict = {}
         await net.ask(tally)
         assert tally.get("answered") == 1  # k of n suffice

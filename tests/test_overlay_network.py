@@ -323,3 +323,27 @@ async def test_a_busy_node_says_so_and_the_user_moves_on_at_once(net, tmp_path):
         assert not any(p.failed for p in me.paths.pool.paths.values())  # busy is not the paths' fault
     finally:
         await busy.stop()
+
+
+async def test_relays_gone_before_an_ask_close_its_paths_back_and_it_is_answered_over_new_ones(net):
+    """Two relays, each the middle of one of the four paths, stop while nothing is asked; then
+    an ask. Its cloves on those paths reach a hop whose successor is gone: that hop closes the
+    path and tells the user in a sealed notice (relay.py `_close`), who ends the attempt (k = 3
+    of 4 can no longer arrive) and asks again over new paths, none through the gone relays.
+    Without the close the user never learned of it: the node got 2 of 4 cloves, said nothing,
+    the attempt waited out its reply timeout, no path was judged, and the next ask took the
+    same dead paths again."""
+    me, nodes, model, _ = net
+    await me.ask(PROMPT)  # every link up
+    used = list(me.paths.pool.usable(me.paths.clock()))
+    victims = {p.relays[1] for p in used[:2]} - {r for p in used[2:] for r in p.relays}
+    assert len(victims) == 2, [p.relays for p in used]
+    for v in victims:
+        await _node_at(nodes, v).stop()
+    answer = await me.ask(PROMPT)
+    assert answer.text == ECHO_PREFIX + PROMPT
+    assert answer.attempts[0]["reason"] == "path_closed", answer.attempts
+    assert not {r for p in answer.paths for r in p} & victims
+    assert me.paths.closed >= 1 and me.asker.drops.as_dict().get("path_closed") == 1
+    assert sum(n.relay.closes_sent for n in nodes if n.address not in victims) >= 2  # each victim's predecessor
+    assert all(me.paths._suspect_hops[v] >= 1 for v in victims), me.paths.status()["suspects"]

@@ -31,7 +31,7 @@ from verifier.abci.interface import BlockContext, ValidatorInfo
 CHAIN = "gt-queries"
 T0 = 1_700_000_000_000
 MEMBERS = [Identity.from_seed(bytes([200 + i]) * 32) for i in range(4)]
-COMMITTEE = Committee(CHAIN, ValidatorSet([Validator(m.public_key, 1) for m in MEMBERS]))
+COMMITTEE = Committee(CHAIN, ValidatorSet([Validator(m.public_key, 1) for m in MEMBERS]), T0)
 ONION = OnionKey.generate().public_key
 MODEL = "smollm2-135m"
 
@@ -396,7 +396,8 @@ async def test_a_nodes_directory_holds_only_what_it_asked_for(chain):
         chain.block([])  # the next header certifies the state
         return chain.reply(queries.parse(path, data), chain.height - 1)
 
-    directory.reader = CommitteeReader(genesis.validators, send, COMMITTEE, LightClient(max_age_ms=10**12))
+    directory.reader = CommitteeReader(genesis.validators, send, COMMITTEE, LightClient(),
+                                       now_ms=lambda: T0 + 1000 * (chain.height + 1))  # (the chain's time)
     directory.region = "eu"
     await directory.refresh()
     sampled = directory.users()

@@ -35,6 +35,7 @@ import logging
 import random
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
@@ -65,6 +66,10 @@ NO_PATHS = "no_paths"
 NO_ANSWER = "no_model_node_answered"
 #: AskError.code of an ask every node tried said it was too busy for
 OVERLOADED = "overloaded"
+#: times an ask goes again to one node over new paths when ours failed it (first hops that took
+#: too few cloves, paths closed by a hop): each try fails the paths it found broken, and a relay
+#: that went away may sit on several of the pool's paths, each found only when used
+PATH_RETRIES = 3
 
 
 class AskError(RuntimeError):
@@ -100,9 +105,17 @@ class _NodeFailed(Exception):
         self.reason = reason
 
 
+def _decode_notice(body: bytes) -> pb.ProxyNotice:
+    try:
+        return pb.ProxyNotice.FromString(body)
+    except DecodeError as exc:
+        raise Drop(DropReason.BAD_LAYER) from exc
+
+
 class _FirstHopsFailed(_NodeFailed):
     """Too few of an ask's cloves were taken by our first hops (an entry guard that went away
-    takes every path with it): the paths are failed, and the ask goes again over new ones."""
+    takes every path with it), or hops closed too many of its paths before the node replied (a
+    relay further on is gone): the paths are failed, and the ask goes again over new ones."""
 
 
 @dataclass
@@ -178,6 +191,7 @@ class _Pending:
         self.sent: dict[tuple[int, int], bytes] = {}  # (path id, clove number) -> token of that clove
         self.undeliverable: set[bytes] = set()  # tokens a proxy could not hand to the node
         self.failure: _NodeFailed | None = None
+        self.closed: set[int] = set()  # ids of its paths a hop closed
 
     def fail_now(self, failure: "_NodeFailed") -> None:
         """End the attempt now, out of order (the node sent what no honest node sends, or it
@@ -241,13 +255,20 @@ class Asker:
 
     def _accept(self, path: ProxyPath, blob: bytes) -> None:
         try:
-            inner = onion.unwrap_return(path.secrets, blob)
+            hop, inner = onion.unwrap_return_from(path.secrets, blob)
         except onion.CloveLayerError as exc:
             raise Drop(DropReason.BAD_LAYER) from exc
+        proxy = hop == len(path.relays) - 1
         if inner[:1] == bytes((RETURN_NOTICE,)):
-            self._notice(path, inner[1:])
+            notice = _decode_notice(inner[1:])
+            if proxy:
+                self._notice(path, notice)
+            elif notice.reason == DropReason.PATH_CLOSED.value:  # a hop before the proxy has one word
+                self._closed_by(path, hop)
+            else:
+                raise Drop(DropReason.BAD_LAYER)
             return
-        if inner[:1] != bytes((RETURN_REPLY,)):
+        if inner[:1] != bytes((RETURN_REPLY,)) or not proxy:
             raise Drop(DropReason.BAD_LAYER)
         inner = inner[1:]
         pending, index, seq = self._match(path, bytes(inner[: sealing.TAG_BYTES]))
@@ -290,16 +311,31 @@ class Asker:
         pending.deliver(seq, reply.chunk)
         self.chunks_in += 1
 
+    def _closed_by(self, path: ProxyPath, hop: int) -> None:
+        """Hop `hop` of `path` closed it (relay.py `_close`): the path is replaced, and an
+        attempt over it that has no reply yet, left with fewer than k working routes or cloves,
+        can never be answered (its query names the reply routes): it ends now and goes again
+        over new paths instead of waiting out the reply timeout on a path that blackholes. One
+        already replying keeps its timeouts."""
+        self.paths.closed_by(path, hop)
+        for rid in list(self._on_link.get(path.first_link, ())):
+            pending = self._pending[rid]
+            if pending.cloves_from or pending.failure is not None:
+                continue
+            pending.closed.add(path.path_id)
+            routes = sum(p.path_id not in pending.closed for p in pending.paths)
+            lost = {t for t, p in pending.tokens.items() if p.path_id in pending.closed} | pending.undeliverable
+            cloves = len(pending.paths) - len(lost)
+            if min(routes, cloves) < pending.k:  # (counted where the ask goes again: ask_stream)
+                pending.fail_now(_FirstHopsFailed(DropReason.PATH_CLOSED, f"hops closed {len(pending.closed)} of the "
+                                                  f"{len(pending.paths)} paths before the node replied"))
+
     def _maybe_settle(self, pending: _Pending) -> None:
         if pending.answered and pending.settled():
             self._settle(pending)  # every path has proven itself: nothing left to wait for
 
-    def _notice(self, path: ProxyPath, body: bytes) -> None:
+    def _notice(self, path: ProxyPath, notice: pb.ProxyNotice) -> None:
         """The proxy of `path` could not hand one of our cloves to the model node."""
-        try:
-            notice = pb.ProxyNotice.FromString(body)
-        except DecodeError as exc:
-            raise Drop(DropReason.BAD_LAYER) from exc
         for rid in self._on_link.get(path.first_link, ()):
             pending = self._pending[rid]
             token = pending.sent.get((path.path_id, notice.seq))
@@ -397,7 +433,7 @@ class Asker:
             raise AskError(f"no trusted model node serves {request.model!r}", code="no_trusted_node")
         attempts: list[dict] = []
         refusals: list[_Refused] = []
-        queue, again = list(nodes), set()
+        queue, again = list(nodes), Counter()  # node id -> times it was asked again over new paths
         while queue:
             node = queue.pop(0)
             started = False
@@ -423,11 +459,11 @@ class Asker:
             except NoPaths as short:  # this node's own state: no model node is to blame, none other is tried
                 attempts[-1].update(ok=False, reason=NO_PATHS, detail=str(short))
                 raise AskError(str(short), attempts, code=NO_PATHS) from None
-            except _FirstHopsFailed as failed:  # ours, not the node's: once more over new paths
+            except _FirstHopsFailed as failed:  # ours, not the node's: again over new paths (PATH_RETRIES)
                 self.drops.count(failed.reason)
                 attempts[-1].update(ok=False, reason=failed.reason.value, detail=str(failed))
-                if node.node_id_hex not in again:
-                    again.add(node.node_id_hex)
+                if again[node.node_id_hex] < PATH_RETRIES:
+                    again[node.node_id_hex] += 1
                     queue.insert(0, node)
             except _NodeFailed as failed:
                 self.drops.count(failed.reason)

@@ -37,8 +37,9 @@ import urllib.request
 from pathlib import Path
 
 from gentorrent.cli import EXIT_FAILED as EXIT_NO_ANSWER
-from gentorrent.cli import (EXIT_NO_NODE, EXIT_USAGE, Parser, Stages, UsageError, check_can_listen, check_directory_source, float_in,
-                            host_port, int_in, run, stop_on_signals, take_home, until_stopped)
+from gentorrent.cli import (EXIT_NO_NODE, EXIT_USAGE, Parser, Stages, UsageError, add_trust_anchor, check_can_listen,
+                            check_directory_source, float_in, host_port, int_in, run, stop_on_signals, take_home,
+                            until_stopped)
 from gentorrent.config import MODEL_NODE, USER_API, WIRE
 from user_client.api_access import ApiAccess
 from user_client.api_access import check_listen as check_api_listen
@@ -58,7 +59,7 @@ def _check_directory(args) -> None:
     if not args.committee and not args.directory:
         raise UsageError("give --committee GENESIS: the committee's genesis file (genesis.json), from which this "
                          "node registers itself and reads the directory")
-    check_directory_source(args.committee, args.directory)
+    check_directory_source(args.committee, args.directory, trust_anchor=args.trust_anchor)
 
 
 def _directory(args):
@@ -67,7 +68,7 @@ def _directory(args):
         from gentorrent.ledger.light_client import TrustFileError
 
         try:
-            return CommitteeDirectory.from_args(args.committee, Path(args.home))
+            return CommitteeDirectory.from_args(args.committee, Path(args.home), trust_anchor=args.trust_anchor)
         except TrustFileError as exc:  # a damaged trust file: the operator decides (see its message)
             raise UsageError(str(exc)) from None
     from gentorrent.ledger.directory import StaticDirectory
@@ -359,6 +360,7 @@ def _node_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--committee", metavar="GENESIS",
                    help="the committee's genesis.json: register this node there and work from its light-client-"
                         "checked directory")
+    add_trust_anchor(p)
     p.add_argument("--directory", metavar="FILE",
                    help="TESTS AND BENCHMARKS ONLY: a static directory JSON file instead of the committee")
     p.add_argument("--api-key", metavar="KEY", default=None,

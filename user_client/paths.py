@@ -6,7 +6,8 @@ user's proxies. The first hop of every path is the user's first usable entry gua
 directory: same region, never the user itself nor in its guard's network, least used first so
 that paths overlap as little as the region allows. A path is tried, not
 trusted: one whose first hop refuses a clove, whose clove the model node never listed as
-delivered, or whose reply clove never came back, is marked failed and replaced at once; every
+delivered, whose reply clove never came back, or that a hop closed (its successor was gone:
+a sealed notice from that hop), is marked failed and replaced at once; every
 path is renewed after `path_renewal_s` anyway. Paths are pinned to node ids: onions name each
 successor by id, and the first hop is dialled by id (gentorrent.channels).
 
@@ -196,6 +197,7 @@ class PathManager:
         self.region = region
         # where reply blobs of our paths go, straight from the relay (the Asker sets itself)
         self.replies_to: Callable[[ProxyPath, bytes], None] | None = None
+        self.closed = 0  # paths a hop closed (its successor was gone)
         self.cloves = cloves
         self.params = params
         self.rng = rng or random.SystemRandom()  # relay choice; seeded only in tests
@@ -368,6 +370,17 @@ class PathManager:
 
         asyncio.get_running_loop().call_later(grace, self.relay.remove_endpoint, path.first_link)
 
+    def closed_by(self, path: ProxyPath, hop: int) -> None:
+        """Hop `hop` of `path` closed it, its successor being gone: the path is replaced now,
+        and that successor is suspected (twice and it is left out of new paths until a path
+        through it holds again), so the repair does not build over it again."""
+        if path.failed:
+            return
+        self.closed += 1
+        if hop + 1 < len(path.relays):
+            self._suspect_hops[path.relays[hop + 1]] += 1
+        self.mark_failed(path)
+
     def mark_failed(self, path: ProxyPath) -> None:
         """A path failed a send or lost a reply: replace it now, in the background."""
         if path.failed:
@@ -413,7 +426,7 @@ class PathManager:
     def status(self) -> dict:
         now = self.clock()
         return {"usable": len(self.pool.usable(now)), "keep": self.pool.keep, "built": self.built,
-                "build_failures": self.build_failures, "suspects": dict(self._suspect_hops),
+                "build_failures": self.build_failures, "closed": self.closed, "suspects": dict(self._suspect_hops),
                 "last_error": self.last_error, "relays_known": len(self.directory.users()),
                 "build_ms": [round(t * 1000, 1) for t in self.build_s],
                 "guards": [g.node_id for g in self.guards.guards] if self.guards is not None else None,

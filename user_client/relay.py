@@ -14,7 +14,9 @@ MAC), numbered (per-link replay window), peeled and passed on; the proxy (last h
 to the model node named under its layer and, if the model node cannot be reached, tells the
 user so in a sealed notice. Return cloves get one layer each; the proxy seals what the model
 node sent. Every refusal is counted in `drops`; hop-local acks say only whether this hop
-accepted a clove. A node's own paths end here too: return traffic on a link ID registered
+accepted a clove, and one that says the successor no longer knows the path (or a link that
+died) closes the path: its user gets a sealed notice that no hop on the way can tell from a
+proxy's (`_close`). A node's own paths end here too: return traffic on a link ID registered
 with `add_endpoint` is handed to the node's asking machinery instead of being relayed.
 """
 
@@ -38,7 +40,7 @@ from gentorrent.crypto import onion, tls
 from gentorrent.crypto.keys import Identity, OnionKey
 from gentorrent.overlay.cover_timing import ReplyHolds
 from gentorrent.overlay.links import Link, LinkHub
-from gentorrent.overlay.pathtable import (Drop, DropCounter, DropReason, HopEntry, OnionReplayCache,
+from gentorrent.overlay.pathtable import (PATH_GONE, Drop, DropCounter, DropReason, HopEntry, OnionReplayCache,
                                           PathTable)
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
@@ -57,6 +59,8 @@ Tap = Callable[[str, bytes, bytes], None]
 Endpoint = Callable[[bytes], None]
 #: model nodes a proxy may be waiting to learn of at once (each waits for one lookup by node id)
 MAX_PENDING_DESTINATIONS = 64
+#: what every notice a hop seals for a user is padded to (its kind, a clove number and a reason)
+NOTICE_BYTES = 48
 
 
 @dataclass
@@ -102,6 +106,7 @@ class Relay(rpc.RelayServicer):
         self._endpoints: dict[bytes, _OwnPath] = {}
         self._lookups: set[asyncio.Task] = set()  # proxied cloves waiting for a model node's record
         self.notices = 0
+        self.closes_sent = 0  # paths this relay closed, each user told (`_close`)
         # as a proxy: what crosses it waits a random time, so no hop times its position
         self.holds = ReplyHolds(params.position_cover_s if params.hide_position else 0.0,
                                 params.first_reply_timeout_s + params.reply_idle_timeout_s, params.max_paths,
@@ -146,17 +151,48 @@ class Relay(rpc.RelayServicer):
             self._observe("forward_out" if forward else "return_out", c.link_id, c.payload)
         return link.send(forward, cloves, ack)
 
-    def _pass_on(self, node_id: str, forward: bool, cloves: list[pb.Clove]) -> None:
-        """Relay cloves to the next hop. Forward cloves ask for its ack, as the asker's do, so
-        that a first hop cannot tell the asker from a relay by the frames it gets; nothing acts
-        on the answer (a clove the next hop refuses is the user's to find, end to end)."""
-        if not (forward and self.params.hide_position):
+    def _pass_on(self, node_id: str, forward: bool, items: list[tuple[HopEntry, pb.Clove]]) -> None:
+        """Relay cloves to the next hop. Forward cloves ask for its ack, as the asker's do (a
+        first hop cannot tell the asker from a relay by the frames it gets: hide_position), and
+        the ack is heeded: a successor that no longer knows a path, or whose link died, has the
+        path closed and its user told (`_close`). Anything else a hop refuses (a replay, a
+        bad layer) is the user's to find, end to end; an ack that never comes closes nothing (a
+        slow hop is not a broken one)."""
+        cloves = [clove for _, clove in items]
+        if not (forward and self.params.hide_position):  # (without: the relays before 2026-12-02)
             self._send(node_id, forward, cloves)
             return
+        entries = [entry for entry, _ in items]
         ack = self._send(node_id, True, cloves, ack=True)
-        if ack is not None and not ack.done():  # an ack that never comes must not stay behind
+        if ack is None:  # the successor left the registry
+            self._close(entries)
+            return
+        if not ack.done():  # an ack that never comes must not stay behind
             timer = asyncio.get_running_loop().call_later(self.params.forward_timeout_s, ack.cancel)
             ack.add_done_callback(lambda _: timer.cancel())
+        ack.add_done_callback(lambda done: self._forward_acked(done, entries))
+
+    def _forward_acked(self, ack: asyncio.Future, entries: list[HopEntry]) -> None:
+        if ack.cancelled():
+            return
+        refused = ack.result()
+        if refused is None:  # the link died before the successor answered
+            self._close(entries)
+        else:
+            self._close([entries[i] for i, reason in refused if reason in PATH_GONE and i < len(entries)])
+
+    def _close(self, entries: list[HopEntry]) -> None:
+        """Forget these paths, and tell each one's user in a notice sealed under this hop's
+        return key, sent back on the path like any returning blob: the hops before this one
+        wrap it as they wrap the proxy's, so none learns that a hop behind it closed a path, and
+        with it its own position (a close passed hop by hop, Tor's DESTROY, tells the hop that
+        receives one that it is the first: only the second hop ever sends it one). Their entries
+        idle out. The user knows from its seal which hop said so (onion.unwrap_return_from)."""
+        closed = [e for e in {id(e): e for e in entries}.values() if self.table.holds(e)]
+        for entry in closed:
+            self.table.remove(entry)
+        self._send_notices([(entry, 0) for entry in closed], DropReason.PATH_CLOSED)
+        self.closes_sent += len(closed)
 
     # ------------------------------------------------------------------ Establish
 
@@ -208,7 +244,7 @@ class Relay(rpc.RelayServicer):
     # ------------------------------------------------------------------ cloves
 
     def on_cloves(self, link: Link, batch: pb.CloveBatch) -> list[tuple[int, DropReason]]:
-        out: dict[str, list[pb.Clove]] = defaultdict(list)
+        out: dict[str, list[tuple[HopEntry, pb.Clove]]] = defaultdict(list)  # next hop -> (path, clove)
         to_models: dict[str, list[tuple[HopEntry, int, pb.Clove]]] = defaultdict(list)
         refused = []
         one = self._forward_one if batch.forward else self._return_one
@@ -219,8 +255,8 @@ class Relay(rpc.RelayServicer):
             except Drop as drop:
                 self.drops.count(drop.reason)
                 refused.append((i, drop.reason))
-        for node_id, cloves in out.items():
-            self._pass_on(node_id, batch.forward, cloves)
+        for node_id, items in out.items():
+            self._pass_on(node_id, batch.forward, items)
         for node_id, items in to_models.items():
             if self.index.model(node_id) is not None:
                 self._submit_held(node_id, items)
@@ -269,7 +305,7 @@ class Relay(rpc.RelayServicer):
         entry.forward_window.check_and_add(seq)  # after the MAC: junk cannot touch the window
         self.table.used(entry, self.clock(), forward=True)
         if not entry.is_proxy:
-            out[entry.successor].append(pb.Clove(link_id=entry.link_out, payload=inner))
+            out[entry.successor].append((entry, pb.Clove(link_id=entry.link_out, payload=inner)))
             return
         try:
             instruction = pb.ProxyInstruction.FromString(plain)
@@ -315,13 +351,18 @@ class Relay(rpc.RelayServicer):
 
     def _notify(self, items: list[tuple[HopEntry, int, pb.Clove]], reason: DropReason) -> None:
         """Tell each clove's user, sealed under the proxy's return key, that it was not delivered."""
+        self._send_notices([(entry, user_seq) for entry, user_seq, _ in items], reason)
+        self.notices += len(items)
+
+    def _send_notices(self, items: list[tuple[HopEntry, int]], reason: DropReason) -> None:
+        """One sealed notice per (path, clove number) back to its predecessor, padded to one
+        size: a proxy's undelivered clove and a hop's closed path look alike on the way back."""
         out: dict[str, list[pb.Clove]] = defaultdict(list)
-        for entry, user_seq, _ in items:
+        for entry, seq in items:
             self.drops.count(reason)
-            notice = pb.ProxyNotice(seq=user_seq, reason=reason.value).SerializeToString()
-            blob = onion.seal_return(entry.keys, bytes((RETURN_NOTICE,)) + notice)
+            notice = bytes((RETURN_NOTICE,)) + pb.ProxyNotice(seq=seq, reason=reason.value).SerializeToString()
+            blob = onion.seal_return(entry.keys, notice, pad_to=NOTICE_BYTES)
             out[entry.predecessor].append(pb.Clove(link_id=entry.link_in, payload=blob))
-            self.notices += 1
         for node_id, cloves in out.items():
             self._send(node_id, False, cloves)
 
@@ -349,7 +390,7 @@ class Relay(rpc.RelayServicer):
         if hold:  # every reply clove of this ask waits the same: the answer keeps its pace
             asyncio.get_running_loop().call_later(hold, self._send, entry.predecessor, False, [back])
             return
-        out[entry.predecessor].append(back)
+        out[entry.predecessor].append((entry, back))
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -361,7 +402,7 @@ class Relay(rpc.RelayServicer):
 
     def status(self) -> dict:
         return {"table": self.table.stats(), "drops": self.drops.as_dict(), "own_paths": len(self._endpoints),
-                "links": self.hub.status(), "notices": self.notices,
+                "links": self.hub.status(), "notices": self.notices, "closes_sent": self.closes_sent,
                 "audit_handoffs": self.handoff.status() if self.handoff else {}}
 
     async def close(self) -> None:

@@ -267,7 +267,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     detail = json.loads(reply.json) if reply.json else {}
     print(json.dumps({"height": reply.height, "app_hash": reply.app_hash.hex(), "peers": list(reply.peers),
                       "last_commit_time_ms": reply.last_commit_time_ms, "node_id": reply.node_id,
-                      "halted": detail.get("halted"), "detail": detail}, indent=2, sort_keys=True))
+                      "halted": detail.get("halted"), "trust_anchor": detail.get("trust_anchor"), "detail": detail},
+                     indent=2, sort_keys=True))
     if detail.get("halted"):  # it answers, but it is not working: a monitor must see a failure
         print(f"gt-verifier: error: consensus halted: {detail['halted']}", file=sys.stderr)
         return EXIT_FAILED

@@ -68,7 +68,8 @@ and the user removes them all and opens the proxy's seal (unwrap_return). Interm
 cannot check integrity here: they share no key with the proxy. A pattern a dishonest proxy
 XORs in stays hidden under the honest hops' keystreams, which only the user can remove, and
 the user's AEAD drops it. (Replays and junk a proxy injects towards the user: see
-THREAT_MODEL.md.)
+THREAT_MODEL.md.) A hop before the proxy seals the same way the one thing it ever tells the
+user, that its successor is gone; `unwrap_return_from` finds which hop sealed a blob.
 
 Fresh reply links
 -----------------
@@ -456,7 +457,8 @@ def _split_blob(blob: bytes) -> tuple[bytes, bytes]:
 
 
 def seal_return(hop_key: bytes, payload: bytes, rng: Rng | None = None, pad_to: int | None = None) -> bytes:
-    """Proxy side: seal a returning payload (a reply clove) for the user."""
+    """Proxy side: seal a returning payload (a reply clove) for the user; any hop: seal a
+    notice for the user (unwrap_return_from says which hop sealed it)."""
     plain = len(payload).to_bytes(4, "big") + bytes(payload)
     if pad_to is not None:
         if pad_to < len(payload):
@@ -485,6 +487,30 @@ def unwrap_return(path: PathSecrets, blob: bytes) -> bytes:
         plain = keys[-1].ret_aead.decrypt(hdr[:12], body, None)
     except InvalidTag as exc:
         raise CloveLayerError("layered clove does not authenticate (tampered or wrong path)") from exc
+    return _sealed_payload(plain)
+
+
+def unwrap_return_from(path: PathSecrets, blob: bytes) -> tuple[int, bytes]:
+    """User side: (the index of the hop that sealed `blob`, its payload). The proxy seals what
+    the model node sends; a hop before it seals only its word that the path broke beyond it
+    (user_client.relay), which the hops before it wrap like any returning blob, so none of them
+    can tell it from the proxy's. The proxy is tried first: a reply costs what unwrap_return
+    does, a blob no hop sealed l AEAD checks."""
+    try:
+        return len(path.hop_keys) - 1, unwrap_return(path, blob)
+    except CloveLayerError:
+        pass
+    hdr, body = _split_blob(blob)
+    for i, d in enumerate(hop_keys(k) for k in path.hop_keys[:-1]):
+        try:
+            return i, _sealed_payload(d.ret_aead.decrypt(hdr[:12], body, None))
+        except InvalidTag:
+            body = d.ret_stream.xor(hdr, body)
+            hdr = d.ret_hdr_inv.update(hdr)
+    raise CloveLayerError("layered clove does not authenticate at any hop (tampered or wrong path)")
+
+
+def _sealed_payload(plain: bytes) -> bytes:
     n = int.from_bytes(plain[:4], "big")
     if n > len(plain) - 4:
         raise CloveLayerError("bad payload length")

@@ -31,6 +31,8 @@ KV_CACHE_DTYPES = ("", "auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 MAX_ENTRIES = 256  # a bound on the meta section every light client reads
 MAX_MODEL_LEN = 1 << 21
 FIELDS = ("model", "weights_digest", "dtype", "quantization", "kv_cache_dtype", "max_model_len")
+#: the engine options that change the numbers a reference scores with (a context length does not)
+SCORING_OPTIONS = ("dtype", "quantization", "kv_cache_dtype")
 
 
 def validate_digest(digest: str, what: str = "weights_digest") -> None:
@@ -98,3 +100,33 @@ def check_listed(catalogue: Iterable[pb.CatalogueEntry], model: str, digest: str
         raise TxError(CODE_NOT_LISTED, f"the committee's catalogue lists {model} with other weights than these "
                                        f"({given}; listed: {', '.join(sorted(digests))}): serve the listed "
                                        "checkpoint, or ask a committee member to add yours (gt-verifier catalogue add)")
+
+
+def listed_as(catalogue: Iterable[pb.CatalogueEntry], model: str, digest: str) -> pb.CatalogueEntry | None:
+    """The catalogue's entry for `model` with weights `digest`, if it lists them."""
+    return next((e for e in catalogue if e.model == model and e.weights_digest == digest), None) if digest else None
+
+
+def reference_mismatch(reference: pb.CatalogueEntry, catalogue: Iterable[pb.CatalogueEntry], model: str,
+                       digest: str) -> str | None:
+    """Why a reference running `reference` may not score a reply of a node registered as
+    `model` with weights `digest` (None: it may).
+
+    A model is its weights: when the catalogue lists the node's model and digest, the
+    reference must run those weights, under whatever name, and every scoring option the entry
+    names (a member whose reference differs abstains; it never punishes an honest node for
+    its own set-up). A claim the catalogue does not list is the node's word only (a cheater
+    would claim weights no reference runs, to be never scored), so it is held to its model
+    name, as before a catalogue existed.
+    """
+    entry = listed_as(catalogue, model, digest)
+    if entry is None:
+        return None if reference.model == model else f"the reference serves {reference.model!r}, not {model!r}"
+    if reference.weights_digest != entry.weights_digest:
+        return (f"the reference runs weights {reference.weights_digest or '(no digest)'}, the catalogue lists "
+                f"{model} as {entry.weights_digest}")
+    for option in SCORING_OPTIONS:
+        wanted, running = getattr(entry, option), getattr(reference, option)
+        if wanted not in ("", "auto") and running != wanted:
+            return f"the catalogue runs {model} with {option} {wanted}, the reference with {running or '(default)'}"
+    return None

@@ -43,7 +43,8 @@ from gentorrent.config import CLOVES, REACHABILITY, REGISTRY, WIRE, RegistryPara
 from gentorrent.crypto.keys import Identity
 from gentorrent.ledger import pow as pow_rule, queries, txs
 from gentorrent.ledger.genesis import Genesis, GenesisValidator
-from gentorrent.ledger.light_client import DirectoryRejected, HeldChanged, LightClient, committee_reader
+from gentorrent.ledger.light_client import (DirectoryRejected, HeldChanged, LightClient, TrustAnchor, TrustExpired,
+                                            committee_reader)
 from gentorrent.ledger.sections import ModelRecord, UserRecord
 from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
@@ -135,7 +136,8 @@ class CommitteeDirectory:
     def __init__(self, genesis: Genesis, identity: Identity, timeout: float = WIRE.rpc_timeout_s, *,
                  params: RegistryParams = REGISTRY, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.time, roster_refresh_s: float | None = None,
-                 trust_file: Path | None = None) -> None:
+                 trust_file: Path | None = None, trust_anchor: TrustAnchor | None = None,
+                 anchor_source: Callable[[], TrustAnchor | None] | None = None) -> None:
         self.genesis = genesis
         self.identity = identity
         self.timeout = timeout
@@ -145,7 +147,8 @@ class CommitteeDirectory:
         self.channels = ChannelPool()  # to the verifiers, kept open
         self.reader = committee_reader(genesis, timeout, self.channels, trust_file,
                                        client=LightClient(int(params.max_directory_age_s * 1000)),
-                                       rng=self.rng, now_ms=lambda: int(self.clock() * 1000))
+                                       rng=self.rng, now_ms=lambda: int(self.clock() * 1000), anchor=trust_anchor,
+                                       anchor_source=anchor_source)
         self.registered: Record | None = None  # what this node keeps registered
         self.renewals = 0
         self.seen_height = 0  # the highest height an accepted answer was certified at
@@ -309,6 +312,8 @@ class CommitteeDirectory:
         decided on. CommitteeUnreachable, or RegistrationError for a final refusal."""
         try:
             mine = await self.listed(record)
+        except TrustExpired as exc:  # waiting changes nothing: the operator must give an anchor
+            raise RegistrationError(str(exc)) from exc
         except DirectoryRejected as exc:
             raise CommitteeUnreachable(str(exc)) from exc
         nonce = await self.proof_of_work() if mine is None else 0

@@ -17,6 +17,15 @@ to it with the light blocks a verifier serves (`light_verify`'s skipping verific
 bisection, within `REGISTRY.trusting_period_s` of the newest header it verified), before it
 checks the answer again (`CommitteeReader.follow`).
 
+What a node trusts must be recent: members who left may sell or leak their keys, and those keys
+sign a history of their own that names their committee (a long-range attack). A node whose
+newest trusted header (the genesis, for a new node) is older than the trusting period believes
+nothing (`TrustExpired`) until it is given a trust anchor, the height and header hash of a
+recent block from a source it trusts (`gt-verifier status` of a member it runs, or its
+operator's word): the light block of that height, from any verifier, whose hash is that hash,
+becomes what it follows from (`TrustAnchor`, `CommitteeReader.take_anchor`); CometBFT's light
+clients start the same way (weak subjectivity).
+
 A proof says what the committee certified at height H, not that H is recent: a Byzantine
 verifier can answer with any old state it recorded, with valid signatures. So a node keeps a
 `LightClient`, which never accepts for one subject (a node id, a roster, a region's relays) a
@@ -29,6 +38,7 @@ next one in the order answers (`CommitteeReader.ask`).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -107,6 +117,31 @@ class TrustFileError(ValueError):
     """A trust file that cannot be read back, or that is another chain's."""
 
 
+class TrustExpired(DirectoryRejected):
+    """What this node trusts is older than the trusting period: it needs a trust anchor."""
+
+
+@dataclass(frozen=True)
+class TrustAnchor:
+    """A recent block a node is told to trust: its height and header hash (`HEIGHT:HASH`)."""
+
+    height: int
+    header_hash: bytes
+
+    @classmethod
+    def parse(cls, text: str) -> "TrustAnchor":
+        """`HEIGHT:HASH` (HASH: 64 hex digits), as `gt-verifier status` prints `trust_anchor`."""
+        height, sep, digest = text.strip().partition(":")
+        if not (sep and height.isascii() and height.isdigit() and len(height) <= 19 and int(height) >= 1
+                and len(digest) == 64 and all(c in "0123456789abcdefABCDEF" for c in digest)):
+            raise ValueError(f"a trust anchor is HEIGHT:HASH (a block height >= 1, the header hash in 64 hex "
+                             f"digits), as `gt-verifier status` prints it under trust_anchor; not {text[:80]!r}")
+        return cls(int(height), bytes.fromhex(digest))
+
+    def __str__(self) -> str:
+        return f"{self.height}:{self.header_hash.hex()}"
+
+
 class CommitteeChanged(DirectoryRejected):
     """A header that names a committee this client has not verified yet: the client follows
     the chain to it (`Committee.follow`, fetching light blocks) and checks the answer again."""
@@ -159,10 +194,44 @@ class Committee:
     def root(self) -> LightBlock:
         return genesis_block(self.chain_id, self.genesis_time_ms, self.validators)
 
-    def trusted_below(self, height: int) -> LightBlock:
+    def trusted_below(self, height: float) -> LightBlock:
         """The latest verified block below `height` (the genesis block at least)."""
         known = [b for b in (*self.followed, self.latest) if b is not None and b.height < height]
         return max(known, key=lambda b: b.height, default=self.root)
+
+    def newest(self) -> LightBlock:
+        """The newest block this client trusts (the genesis block at least)."""
+        return self.trusted_below(math.inf)
+
+    def expired(self, now_ms: int) -> bool:
+        """Whether the newest trusted block is past the trusting period: after it, members who
+        left since may have signed anything for it."""
+        return now_ms - self.newest().time_ms >= self.trusting_period_ms
+
+    def check_fresh(self, now_ms: int) -> None:
+        """TrustExpired, saying what to do, when what this client trusts has `expired`."""
+        if not self.expired(now_ms):
+            return
+        newest = self.newest()
+        age_days, period_days = (now_ms - newest.time_ms) / 86_400_000, self.trusting_period_ms / 86_400_000
+        what = "its genesis file" if newest.height == 0 else f"block {newest.height}"
+        raise TrustExpired(f"this node trusts nothing newer than {what}, {age_days:.1f} days old, more than the "
+                           f"trusting period ({period_days:.0f} days): members who left since could sign any "
+                           f"history for it. Give it a trust anchor (--trust-anchor HEIGHT:HASH, the trust_anchor "
+                           f"`gt-verifier status` prints on a member you trust)")
+
+    def anchor(self, block: LightBlock, anchor: TrustAnchor) -> None:
+        """Trust `block` because its header hash is the anchor's (nothing else vouches for it);
+        NotFollowed, and nothing changed, if it is not the anchored block of this chain."""
+        header = block.header
+        if block.height != anchor.height or header.hash() != anchor.header_hash:
+            raise NotFollowed(f"light block {block.height} (header {header.hash().hex()[:16]}…) is not the trust "
+                              f"anchor {anchor.height}:{anchor.header_hash.hex()[:16]}…")
+        if header.chain_id != self.chain_id or block.validators.hash() != header.validators_hash:
+            raise NotFollowed(f"light block {block.height} is not a light block of chain {self.chain_id!r}")
+        self._keep(block)
+        self.verified(block)
+        self.dirty = True
 
     def verified(self, block: LightBlock) -> None:
         """`block` was checked against the committee `validators_for` named: the newest such
@@ -387,6 +456,10 @@ class CommitteeReader:
     now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
     close: Callable[[], Awaitable[None]] | None = None  # releases what `send` holds open
     save_trust: Callable[[bytes], None] | None = None  # keeps `committee.encode_trust()` across restarts
+    anchor: TrustAnchor | None = None  # a block to trust first (taken at the first ask)
+    #: a node that keeps the chain itself (a committee member's own user node) anchors at its own
+    #: newest block whenever what this reader trusts has expired
+    anchor_source: Callable[[], TrustAnchor | None] | None = None
     _learning: bool = field(default=False, init=False, repr=False)  # a learn_members under way (its own
     # ask may meet a change again)
 
@@ -398,6 +471,11 @@ class CommitteeReader:
         second verifier's too, and the newer of the two (a replay of an older state, fresh
         enough to pass the age bound, loses to it); raises DirectoryRejected with every
         verifier's reason when none answers."""
+        if self.anchor is None and self.anchor_source is not None and self.committee.expired(self.now_ms()):
+            self.anchor = self.anchor_source()
+        if self.anchor is not None:
+            await self.take_anchor()
+        self.committee.check_fresh(self.now_ms())
         subject = subject or query.path
         order = list(self.validators)
         self.rng.shuffle(order)
@@ -412,6 +490,26 @@ class CommitteeReader:
         self.client.accept_answer(subject, first)
         self._keep_trust()
         return first
+
+    async def take_anchor(self) -> None:
+        """Trust the anchor's block, as the first verifier (in a random order) that serves it
+        gives it; DirectoryRejected naming each verifier's reason if none does."""
+        anchor, errors = self.anchor, []
+        order = list(self.validators)
+        self.rng.shuffle(order)
+        for v in order:
+            try:
+                self.committee.anchor(await self._light_block(v, anchor.height), anchor)
+            except DirectoryRejected as exc:  # (a fork with what it holds, too: NotFollowed)
+                errors.append(f"{v.name}: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 - a verifier down, refusing TLS, or timing out
+                errors.append(f"{v.name}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            self.anchor = None
+            self._keep_trust()
+            return
+        raise DirectoryRejected(f"no verifier served the trust anchor's block {anchor.height}: " + "; ".join(errors))
 
     def _keep_trust(self) -> None:
         """Save what the committee verified when it is worth it (a change followed, an hour on)."""

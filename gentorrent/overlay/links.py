@@ -20,8 +20,8 @@ Who is on the other end is authenticated before any frame is processed:
 Acknowledgements are hop-local: a `LinkAck` says which cloves of a batch the next hop
 accepted (authenticated, known link, not replayed), nothing about what happened further on.
 So no hop can time the model node, and no hop reads the model node's words (the old
-end-to-end acks carried both). Senders ask for an ack only when they act on it (the user's
-sends); relays forward without waiting.
+end-to-end acks carried both). Relays forward without waiting for the ack, and act on it when
+it comes: a path the next hop no longer knows is closed, and its user told (user_client.relay).
 
 Sending never blocks the caller: frames go into a bounded per-link queue drained by one
 writer task; a full queue or a dead link drops the frame, counted.

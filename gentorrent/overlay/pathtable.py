@@ -72,6 +72,12 @@ class DropReason(str, Enum):
     NO_ANSWER = "no_answer"
     UNPROVEN_DELIVERY = "unproven_delivery"  # the model node's reply never listed a clove's token
     QUEUE_FULL = "queue_full"
+    PATH_CLOSED = "path_closed"  # a hop closed the path: its successor was gone (user_client.relay)
+
+
+#: what a successor's ack says of a path that no longer goes on from there: it does not know
+#: the link (it restarted, or forgot the path), the path idled out there, or the link to it died
+PATH_GONE = frozenset({DropReason.UNKNOWN_LINK, DropReason.EXPIRED, DropReason.NEXT_HOP_UNREACHABLE})
 
 
 class Drop(ValueError):
@@ -268,6 +274,9 @@ class PathTable:
         self._per_peer[entry.predecessor] -= 1
         if self._per_peer[entry.predecessor] <= 0:
             del self._per_peer[entry.predecessor]
+
+    def holds(self, entry: HopEntry) -> bool:
+        return self._by_in.get(entry.link_in) is entry
 
     def forward_entry(self, link_id: bytes, peer: str, now: float) -> HopEntry:
         """The entry a forward clove on `link_id` from the authenticated `peer` belongs to. A

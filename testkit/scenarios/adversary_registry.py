@@ -153,16 +153,25 @@ async def serve_as(home: Path, address: str, servicer):
     return server
 
 
-async def query_reply(genesis, index: int, query):
-    """The raw reply (value, height, proof) of member `index` to a proven query."""
+async def query_reply(genesis, index: int, query, wait_s: float = 30.0):
+    """The raw reply (value, height, proof) of member `index` to a proven query, once it is
+    proven: a member that has not stored the next block's commit yet says "retry" (code 1),
+    and a recorded "retry" would be no answer to replay."""
     from gentorrent.crypto import tls
     from gentorrent.wire import gentorrent_pb2 as pb
     from gentorrent.wire import gentorrent_pb2_grpc as rpc
+    from verifier.directory_service import CODE_NOT_YET
 
     v = genesis.validators[index]
     channel = await tls.connect(v.address, v.tls_cert_pem)
+    deadline = time.monotonic() + wait_s
     try:
-        return await rpc.VerifierStub(channel).Query(pb.QueryRequest(path=query.path, data=query.data), timeout=10)
+        while True:
+            reply = await rpc.VerifierStub(channel).Query(pb.QueryRequest(path=query.path, data=query.data),
+                                                          timeout=10)
+            if reply.code != CODE_NOT_YET or time.monotonic() > deadline:
+                return reply
+            await asyncio.sleep(0.2)
     finally:
         await channel.close()
 

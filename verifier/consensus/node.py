@@ -20,8 +20,8 @@ import json
 import logging
 import random
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -39,12 +39,14 @@ from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Ref
                                        TimeoutFired, within_drift)
 from verifier.consensus.gossip import RoundState, decode_payload, encode_payload
 from verifier.consensus.home import DATA_DIR, NodeConfig
+from verifier.consensus.mempool import FORWARD_TIMEOUT_S, Mempool, TxSpread
 from verifier.consensus.privval import PrivValidator
 from verifier.consensus.valsets import ValidatorHistory
 from gentorrent.ledger.chain import (Block, Commit, DecodeError,
                                       Evidence, make_block, sha256, verify_commit)
 from verifier.consensus.wal import WriteAheadLog
 from gentorrent.ledger.genesis import Genesis, GenesisValidator
+from gentorrent.ledger.light_client import TrustAnchor
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ class ChainHost:
     """driver.Host over the application and the block store: builds and checks blocks."""
 
     def __init__(self, genesis: Genesis, app: Application, store: BlockStore, me_key: bytes,
-                 mempool: "Mempool", config: NodeConfig) -> None:
+                 mempool: Mempool, config: NodeConfig) -> None:
         self.genesis = genesis
         self.app = app
         self.store = store
@@ -179,47 +181,6 @@ class ChainHost:
         self.last_time_ms = h.time_ms
 
 
-# --------------------------------------------------------------------------- mempool
-
-
-class Mempool:
-    """Transactions CheckTx accepted, in arrival order, bounded in count."""
-
-    def __init__(self, max_txs: int) -> None:
-        self.max_txs = max_txs
-        self._txs: OrderedDict[bytes, bytes] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._txs)
-
-    def __contains__(self, tx_hash: bytes) -> bool:
-        return tx_hash in self._txs
-
-    def add(self, tx: bytes) -> None:
-        self._txs[sha256(tx)] = tx
-
-    def full(self) -> bool:
-        return len(self._txs) >= self.max_txs
-
-    def batch(self, n: int) -> list[bytes]:
-        out = []
-        for tx in self._txs.values():
-            if len(out) >= n:
-                break
-            out.append(tx)
-        return out
-
-    def remove(self, txs) -> None:
-        for tx in txs:
-            self._txs.pop(sha256(tx), None)
-
-    def recheck(self, app: Application) -> None:
-        """After a commit the app's CheckTx view restarts from the committed state."""
-        for h, tx in list(self._txs.items()):
-            if not app.check_tx(tx).ok:
-                del self._txs[h]
-
-
 # --------------------------------------------------------------------------- peers
 
 
@@ -235,6 +196,15 @@ class Peer:
     last_ok: float = 0.0
     sent: int = 0
     failed: int = 0
+
+
+@dataclass
+class _Outbox:
+    """The clients' transactions queued for one peer's sender (mempool.py: TxSpread), in
+    arrival order, each once."""
+    queued: dict[bytes, None] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
 
 
 # --------------------------------------------------------------------------- node
@@ -260,13 +230,16 @@ class ConsensusNode:
         self.wal = WriteAheadLog(data / "cs.wal")
         self.privval = PrivValidator(self.identity, data / "sign_state.json", before_sign=self.wal.sync)
         self.mempool = Mempool(self.config.max_mempool_txs)
+        self.tx_spread = TxSpread()  # clients' transactions still to reach other members
+        self._outboxes: dict[bytes, _Outbox] = {}  # peer key -> the transactions queued for it
         self.host = ChainHost(self.genesis, self.app, self.store, self.identity.public_key, self.mempool,
                               self.config)
         self.driver = Driver(self.genesis.chain_id, self.validators, self.me, self.privval, self.host,
                              self.timeouts, journal=self.wal.append, timely=self.host.timely,
                              state_signer=self.identity.sign, state_seq=boot_state_seq(data),
                              my_key=self.identity.public_key)
-        self.gossip = {"states_sent": 0, "states_received": 0, "states_answered": 0, "relayed": 0}
+        self.gossip = {"states_sent": 0, "states_received": 0, "states_answered": 0, "relayed": 0,
+                       "txs_forwarded": 0, "txs_refused_by_peers": 0, "tx_forwards_failed": 0}
         self._state_answered: dict[int, float] = {}  # validator -> when its last state was answered
         self.peers: dict[bytes, Peer] = {}  # public key -> the member's channel
         #: who a member is (address, certificate) by key: the genesis file's members, and those
@@ -360,7 +333,8 @@ class ConsensusNode:
         self._stopping = True
         for t in self._timers:
             t.cancel()
-        tasks = list(self._tasks) + [p.task for p in self.peers.values() if p.task]
+        tasks = (list(self._tasks) + [p.task for p in self.peers.values() if p.task]
+                 + [b.task for b in self._outboxes.values() if b.task])
         if self._catchup:
             tasks.append(self._catchup)
         for t in tasks:
@@ -459,6 +433,8 @@ class ConsensusNode:
         self.driver.block_applied(block)
         self.mempool.remove(block.txs)
         self.mempool.recheck(self.app)
+        if not catching_up:
+            self._spread_txs()  # (a member that refused a client's tx a block ago takes it now)
         self._reconcile_peers()  # (a committee change of two blocks ago takes effect)
         self._notify_commit()
         now = time.time()
@@ -629,23 +605,63 @@ class ConsensusNode:
         if not res.ok:
             return pb.TxReply(code=res.code, log=res.log, tx_hash=h)
         self.mempool.add(tx)
-        if not forwarded:
-            self._tasks.append(asyncio.create_task(self._forward_tx(tx)))
-            self._tasks = [t for t in self._tasks if not t.done()]
+        if not forwarded:  # (a forwarded one is its submitter's to spread)
+            self.tx_spread.add(h, self.peers)
+            for key in self.peers:
+                self._send_txs(key, [h])
         return pb.TxReply(code=0, log="accepted", tx_hash=h)
 
-    async def _forward_tx(self, tx: bytes) -> None:
-        async def one(peer: Peer) -> None:
-            try:
-                await peer.stub.SubmitTx(pb.TxRequest(tx=tx), timeout=2.0, metadata=((FORWARDED_KEY, "1"),))
-            except grpc.aio.AioRpcError:
-                pass
-        await asyncio.gather(*(one(p) for p in self.peers.values()))
+    def _spread_txs(self) -> None:
+        """After a block: the clients' transactions some peer still lacks, to its sender again."""
+        for key, hashes in self.tx_spread.due(self.mempool.__contains__).items():
+            self._send_txs(key, hashes)
+
+    def _send_txs(self, key: bytes, hashes: list[bytes]) -> None:
+        """Queue for the peer's sender those of `hashes` not queued already (one sender per
+        peer: arrival order kept, at most a mempool's worth queued)."""
+        box = self._outboxes.get(key)
+        if box is None or box.task.done():
+            box = self._outboxes[key] = _Outbox()
+            box.task = asyncio.create_task(self._tx_sender(key, box))
+        box.queued.update(dict.fromkeys(hashes))
+        box.wake.set()
+
+    async def _tx_sender(self, key: bytes, box: _Outbox) -> None:
+        """What the peer refuses, or misses while unreachable, the next block's round sends again."""
+        while True:
+            await box.wake.wait()
+            box.wake.clear()
+            while box.queued:
+                h = next(iter(box.queued))
+                del box.queued[h]
+                tx, peer = self.mempool.get(h), self.peers.get(key)
+                if tx is None or peer is None:
+                    continue
+                self.gossip["txs_forwarded"] += 1
+                try:
+                    reply = await peer.stub.SubmitTx(pb.TxRequest(tx=tx), timeout=FORWARD_TIMEOUT_S,
+                                                     metadata=((FORWARDED_KEY, "1"),))
+                except grpc.aio.AioRpcError as exc:
+                    self.gossip["tx_forwards_failed"] += 1
+                    log.debug("forwarding txs to %s failed (%s): again after the next block", peer.name, exc.code())
+                    box.queued.clear()
+                    break
+                if reply.code in (0, CODE_IN_MEMPOOL):
+                    self.tx_spread.taken(h, key)
+                else:
+                    self.gossip["txs_refused_by_peers"] += 1
+                    log.debug("%s refused a forwarded tx (%d: %s): again after the next block",
+                              peer.name, reply.code, reply.log)
 
     def peer_stub(self, public_key: bytes) -> rpc.VerifierStub | None:
         """The pinned stub of the committee member with this key (None: not a peer)."""
         peer = self.peers.get(public_key)
         return peer.stub if peer is not None else None
+
+    def trust_anchor(self) -> TrustAnchor | None:
+        """The newest block this node committed, as a light client is told to trust it."""
+        block = self.host.last_block
+        return TrustAnchor(block.height, block.hash()) if block is not None else None
 
     def status(self) -> dict:
         """What consensus looks like on this node (the composition root's status adds the rest)."""
@@ -654,6 +670,8 @@ class ConsensusNode:
         return {
             "chain_id": self.genesis.chain_id, "node_id": self.identity.node_id_hex,
             "validator_index": self.driver.me, "height": self.host.height, "app_hash": self.host.app_hash.hex(),
+            # what a node starting with an old genesis is told to trust (light_client.TrustAnchor)
+            "trust_anchor": str(anchor) if (anchor := self.trust_anchor()) else None,
             "committee": {"size": len(self.driver.validators), "power": self.driver.validators.total_power,
                           "since_height": self.driver.validators.start_height, **self.committee_view()},
             "consensus": {"height": self.driver.height, "round": sm.round if sm else -1,

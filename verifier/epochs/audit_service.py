@@ -49,7 +49,8 @@ class AuditReportDraft:
 class Scorer(Protocol):
     """The member's reference model (verifier.epochs.reference.RemoteReference has it)."""
 
-    async def score(self, request: pb.GenerateRequest, token_ids: list[int]) -> TokenScores: ...
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int],
+                    served_by: audits.RegisteredModel | None = None) -> TokenScores: ...
 
 
 class AuditService:
@@ -143,7 +144,8 @@ class AuditService:
             self._passes += 1
             self._scored.add(audit.key)
             try:
-                scores = await self.reference.score(audit.request, list(audit.token_ids))
+                scores = await self.reference.score(audit.request, list(audit.token_ids),
+                                                    self.models().get(audit.node_id))
                 report = audit_report(audit, scores)
                 value = self.outputs.judge(audit.node_id.hex(), receipts.request_prompt_hash(audit.request),
                                            receipts.output_hash(audit.token_ids), audit.request.sampling.temperature,

@@ -85,7 +85,10 @@ class Prober(Protocol):
 
 
 class Reference(Protocol):
-    async def score(self, request: pb.GenerateRequest, token_ids: list[int]): ...
+    """The member's reference model (verifier.epochs.reference.RemoteReference): `served_by` is
+    the registered record of the node whose reply it scores."""
+
+    async def score(self, request: pb.GenerateRequest, token_ids: list[int], served_by=None): ...
 
 
 _POOL_LOCK = threading.Lock()
@@ -163,7 +166,7 @@ class EpochRunner:
         self.log: list[str] = []  # what it did, for status and tests
         self.on_stop: list[Callable[[], Awaitable[None]]] = []  # closes what was started for it
         self.audits = None  # this member's audit desk (verifier.epochs.audit_service), when it runs one
-        self._audits_reported: set[int] = set()
+        self._audit_reports: dict[int, asyncio.Task] = {}  # epoch -> this member's one try at its audit report
 
     # ------------------------------------------------------------------ life
 
@@ -248,7 +251,7 @@ class EpochRunner:
                 del kept[old]
         for old in [k for k in self._prepared if k < e]:
             del self._prepared[old]
-        self._audits_reported = {k for k in self._audits_reported if k >= e - 1}
+        self._audit_reports = {k: t for k, t in self._audit_reports.items() if k >= e - 1}
         if phase == Phase.ELECTING:
             # every member writes its questions while the election runs: whoever leads plans at once
             self._spawn((e, "prepare"), self._prepare(e))
@@ -258,6 +261,11 @@ class EpochRunner:
             self._spawn((e, "lead"), self._lead(e))
         elif phase == Phase.ATTESTING and not any(a.public_key == self.me for a in cur.attestations):
             self._spawn((e, "attest"), self._report_and_attest(e, cur))
+        if phase in (Phase.PROBING, Phase.ATTESTING, Phase.RESOLVING) and self.audits is not None:
+            # as early as the chain takes it: an epoch with no reply to attest (every challenged
+            # node missing, a leader's report or an outage) skips attesting, and one whose
+            # missing nodes two members' probes settle may close before a slower member attests
+            self._spawn((e, "audits"), self._report_once(e))
         if phase in (Phase.ATTESTING, Phase.RESOLVING) and not leader:
             for r in cur.replies:
                 reported = any(p.node_id == r.node_id and p.public_key == self.me for p in cur.probes)
@@ -456,10 +464,23 @@ class EpochRunner:
     async def _report_and_attest(self, epoch: int, cur: pb.EpochStateEntry) -> bool:
         """The audit report goes first: the attestation that completes the quorum settles the
         epoch, and a report after that would be too late."""
-        if self.audits is not None and epoch not in self._audits_reported:
-            self._audits_reported.add(epoch)
-            await self._report_audits(epoch)
+        await self._report_once(epoch)
         return await self._attest(epoch, cur)
+
+    async def _report_once(self, epoch: int) -> bool:
+        """This member's audit report of `epoch`, one try per epoch (a refused one stays
+        pending for the next epoch's: `_report_audits`), which its attestation and its probe
+        reports wait for: the transactions that can decide the epoch never pass it."""
+        if self.audits is None:
+            return True
+        task = self._audit_reports.get(epoch)
+        if task is None:
+            task = self._audit_reports[epoch] = asyncio.ensure_future(self._report_audits(epoch))
+        try:
+            await task
+        except Exception as exc:  # noqa: BLE001 - a failed report must not hold the attestation
+            self._note(f"epoch {epoch} audit report failed: {exc!r}")
+        return True
 
     async def _report_audits(self, epoch: int) -> bool:
         """Post the scores of the users' audits this member received (nothing if none); a report
@@ -502,7 +523,8 @@ class EpochRunner:
             forwarded = is_forwarded(full)
             sampling = SamplingSpec(reveal.request.temperature, reveal.request.top_p)
             try:
-                report = score_reply(await self.reference.score(request, list(full.token_ids)), sampling)
+                token_scores = await self.reference.score(request, list(full.token_ids), models.get(server, entry))
+                report = score_reply(token_scores, sampling)
             except (ScoringError, RuntimeError) as exc:
                 self._note(f"epoch {epoch}: cannot score {server[:12]}: {exc}")
                 scores.append((r.node_id, 0, epoch_txs.VERDICT_UNSCORABLE))
@@ -551,5 +573,6 @@ class EpochRunner:
                 except ProbeFailed as exc:
                     self._note(f"epoch {epoch}: own probe of {node[:12]} failed: {exc}")
         ident = self.host.identity
+        await self._report_once(epoch)
         return await self._submit(lambda s, c: epoch_txs.probe_report(ident, epoch, node_id, ok, s, chain_id=c),
                                   f"epoch {epoch} probe report on {node[:12]}: {'ok' if ok else 'failed'}")

@@ -21,12 +21,12 @@ from gentorrent.crypto.keys import NodeKeys
 from gentorrent.ledger.committee import CommitteeDirectory
 from gentorrent.ledger.directory import StaticDirectory
 from user_client.node import UserNode
-from verifier.epochs.audit_service import service_for
+from verifier.epochs.audit_service import AuditService, Scorer, service_for
 from verifier.epochs.overlay_prober import OverlayProber
-from verifier.epochs.reference import RemoteReference
+from verifier.epochs.reference import RemoteReference, committed_catalogue
 from verifier.epochs.runner import EpochRunner, LeaderConduct
 
-__all__ = ["attach_epochs", "probe_user_params"]
+__all__ = ["attach_audit_desk", "attach_epochs", "probe_user_params"]
 
 PROBE_HOME = "epoch-user"
 
@@ -45,21 +45,30 @@ async def attach_epochs(node, reference: RemoteReference, probe: Path | str | No
         # a fresh path set for every challenge: no two challenges (or own probes) share a path
         kwargs["cloves"] = replace(kwargs.get("cloves", CLOVES), single_use_paths=True)
         kwargs["params"] = probe_user_params(params, kwargs.get("params", OVERLAY))
-        user = UserNode(home, _probe_directory(probe, node.genesis, home), listen=user_listen, **kwargs)
+        user = UserNode(home, _probe_directory(probe, node, home), listen=user_listen, **kwargs)
         await user.start()
         prober = OverlayProber(user, patience_s=params.probe_timeout_s / 2)
     host = node.epoch_host()
+    reference.catalogue_of = lambda: committed_catalogue(host.query)  # what it may score: the member's own state
     runner = EpochRunner(host, reference, prober, params, conduct)
     if user is not None:
         runner.on_stop.append(user.stop)
-    # one memory of each node's outputs for challenges and audits: a replay is caught in either
-    node.audits = runner.audits = service_for(host, reference, audits, outputs=runner.outputs)
-    scoring = asyncio.ensure_future(node.audits.run(params.poll_s * 10))
-    runner.on_stop.append(lambda: _cancel(scoring))
+    attach_audit_desk(node, runner, reference, audits)
     runner.on_stop.append(reference.close)
     node.epochs = runner
     runner.start()
     return runner
+
+
+def attach_audit_desk(node, runner: EpochRunner, reference: Scorer, audits: AuditParams = AUDITS) -> AuditService:
+    """The member's audit desk beside its runner, scoring what users hand in as it arrives
+    (every 10 polls): a report then only collects scores, and a member busy scoring when the
+    epoch reaches attesting is not the one whose report comes too late. One memory of each
+    node's outputs serves challenges and audits, so a replay is caught in either."""
+    node.audits = runner.audits = service_for(runner.host, reference, audits, outputs=runner.outputs)
+    scoring = asyncio.ensure_future(node.audits.run(runner.params.poll_s * 10))
+    runner.on_stop.append(lambda: _cancel(scoring))
+    return node.audits
 
 
 def probe_user_params(params: EpochRunParams, overlay: OverlayParams) -> OverlayParams:
@@ -75,7 +84,8 @@ async def _cancel(task: asyncio.Task) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def _probe_directory(probe: Path | str, genesis, home: Path):
-    if probe == "committee":
-        return CommitteeDirectory(genesis, NodeKeys.load_or_create(home).identity)
+def _probe_directory(probe: Path | str, node, home: Path):
+    if probe == "committee":  # (the member trusts its own chain: its newest block anchors its user node)
+        return CommitteeDirectory(node.genesis, NodeKeys.load_or_create(home).identity,
+                                  anchor_source=node.consensus.trust_anchor)
     return StaticDirectory(Path(probe))
