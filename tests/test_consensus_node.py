@@ -28,6 +28,7 @@ from gentorrent.wire import gentorrent_pb2 as pb
 from gentorrent.wire import gentorrent_pb2_grpc as rpc
 from gentorrent.ledger.authtree import Tree
 from gentorrent.ledger import queries
+from testkit.waiting import until
 from gentorrent.ledger.chain import (Block, BlockHeader, Commit, CommitSig, DirectoryProofCodec, Vote,
                                       VoteType)
 from gentorrent.ledger.genesis import Genesis
@@ -115,6 +116,11 @@ async def wait_registered(committee: Committee4, node: int, member: Member, time
     raise AssertionError(f"user never registered on v{node}")
 
 
+async def _proven_registered(reader, member: Member) -> bool:
+    """Whether the proven answer (the newest certified state of the verifiers asked) has `member`."""
+    return (await reader.ask(queries.UserLookup(member.identity.node_id))).result is not None
+
+
 async def block_at(committee: Committee4, node: int, height: int) -> Block:
     channel, stub = await committee.stub(node)
     try:
@@ -144,8 +150,8 @@ async def test_four_processes_commit_survive_a_kill_and_catch_up(tmp_path):
         # the light client gets proven answers from the verifiers and checks them against genesis
         verified = Committee.from_genesis(committee.genesis)
         reader = committee_reader(committee.genesis, timeout=5.0)
-        for m in members[:2]:
-            assert (await reader.ask(queries.UserLookup(m.identity.node_id))).result is not None
+        for m in members[:2]:  # (a proof is certified by the next block: it may lag the members' state by one)
+            await until(lambda m=m: _proven_registered(reader, m), 30, f"a proven lookup of {m.identity.node_id_hex[:12]}")
         await reader.close()
         await check_forgeries(committee, verified, members[0].identity.node_id)
 
