@@ -1,7 +1,8 @@
 """A verification committee with scripted model behaviour, for the epoch tests
 (tests/test_epochs_runner.py) and the epoch fault scenarios (testkit/scenarios/epochs.py).
 
-Real: 4 VerifierNodes (consensus over gRPC/TLS on loopback, WAL, private reveals), the epoch
+Real: 4 VerifierNodes (consensus over gRPC/TLS on loopback, WAL, private reveals; their data on
+tmpfs where there is one, testkit/memdisk.py), the epoch
 runner, the ABCI epoch rules and reputation, model-node keys and signed receipts. Scripted:
 the challenge pool (made-up conversations), the reference model's token scores, and what each model node answers (the live
 test with vLLM and the overlay is tests/test_epochs_live.py). Epochs take seconds this way, so
@@ -24,6 +25,7 @@ from gentorrent import receipts
 from gentorrent.traffic.corpus import Conversation
 from gentorrent.traffic.model import TrafficPool
 from testkit.committee import free_base_port
+from testkit.memdisk import MemoryFolder
 from gentorrent.wire import gentorrent_pb2 as pb
 from testkit.selective import CorpusLookup
 from verifier import cli
@@ -51,7 +53,8 @@ BEHAVIOURS = ("honest", "cheat", "down", "replay", "reprompt", "lookup")
 #: how long a test waits for epochs to close. An epoch takes 8-25 s here alone, but the four
 #: in-process members share one event loop, and every fsync (WAL before each signature, block
 #: store per block: ~20 per height) blocks it: CI's run beside the engine tests' disk traffic
-#: saw no epoch close within 90 s in five tests (stop 44). A passing test does not wait longer.
+#: saw no epoch close within 90 s in five tests (stop 44); their data is now on tmpfs where the
+#: machine has one (MemoryFolder). A passing test does not wait longer.
 WAIT_EPOCHS_S = 300.0
 #: the epoch test files' pytest timeout: room for two such waits
 EPOCH_TEST_TIMEOUT_S = 2 * WAIT_EPOCHS_S
@@ -154,13 +157,15 @@ class EpochCommittee:
     """Four in-process verifier nodes, each with its epoch runner over the scripted models."""
 
     def __init__(self, root: Path, chain_id: str = "epochs-test") -> None:
+        self.data = MemoryFolder(Path(root) / "members")  # (one event loop for four: testkit/memdisk.py)
         with contextlib.redirect_stdout(io.StringIO()) as said:  # (a bench's stdout is its one JSON line)
-            code = cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(root),
+            code = cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(self.data.path),
                              "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", chain_id])
         if code != 0:
+            self.data.close()
             raise RuntimeError(f"gt-verifier init failed: {said.getvalue()[-500:]}")
         self.chain_id = chain_id
-        self.homes = [Path(root) / f"v{i}" for i in range(4)]
+        self.homes = [self.data.path / f"v{i}" for i in range(4)]
         self.nodes: list[VerifierNode] = []
         self.runners: list[EpochRunner] = []
 
@@ -178,8 +183,11 @@ class EpochCommittee:
             self.runners.append(runner)
 
     async def stop(self) -> None:
-        for node in self.nodes:
-            await node.stop()
+        try:
+            for node in self.nodes:
+                await node.stop()
+        finally:
+            self.data.close()
 
     async def submit(self, tx: bytes) -> None:
         reply = await self.nodes[0].consensus.submit_tx(tx, forwarded=False)

@@ -57,6 +57,7 @@ from test_user_model import CLOVES, PATIENT, _IntakeFront
 from gentorrent.ledger.directory import StaticDirectory
 from gentorrent.ledger.sections import ModelRecord
 from testkit.localnet import start_user_nodes
+from testkit.memdisk import MemoryFolder
 from testkit.waiting import until
 from verifier import cli
 from gentorrent.ledger.epoch_txs import Phase
@@ -83,11 +84,12 @@ PARAMS = EPOCH_RUN.__class__(poll_s=0.5, probe_timeout_s=400.0, challenge_max_to
 
 class LiveCommittee:
     def __init__(self, tmp: Path) -> None:
-        assert cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(tmp / "committee"),
+        self.data = MemoryFolder(tmp / "committee")  # (four members, one event loop: testkit/memdisk.py)
+        assert cli.main(["--log-level", "WARNING", "init", "--validators", "4", "--out", str(self.data.path),
                          "--base-port", str(free_base_port(4)), "--timeouts", "fast", "--chain-id", CHAIN,
                          # the test registers its nodes by hand and renews nothing: leases outlast it
                          "--lease-s", "7200"]) == 0
-        self.homes = [tmp / "committee" / f"v{i}" for i in range(4)]
+        self.homes = [self.data.path / f"v{i}" for i in range(4)]
         self.nodes: list[VerifierNode] = []
         self.runners = []
         self.watched: dict[str, str] = {}  # name -> node id hex, traced at every closed epoch
@@ -113,8 +115,11 @@ class LiveCommittee:
                                                     user_kwargs={"cloves": CLOVES, "params": PATIENT}))
 
     async def stop(self) -> None:
-        for node in self.nodes:
-            await node.stop()
+        try:
+            for node in self.nodes:
+                await node.stop()
+        finally:
+            self.data.close()
 
     def section(self) -> pb.EpochsSection:
         return pb.EpochsSection.FromString(self.nodes[0].app.query("/epochs").value)
