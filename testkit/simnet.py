@@ -47,6 +47,7 @@ from verifier.consensus import boots
 from verifier.consensus.driver import (Broadcast, Decide, Driver, NeedBlock, Refused, SendTo, StartTimer,
                                        TimeoutFired, within_drift)
 from verifier.consensus.gossip import RoundState
+from verifier.consensus.node import BLOCKS_PER_SYNC_CALL
 from verifier.consensus.privval import PrivValidator
 from verifier.consensus.valsets import ValidatorHistory
 from verifier.consensus.wal import WriteAheadLog
@@ -54,6 +55,12 @@ from verifier.consensus.wal import WriteAheadLog
 CHAIN = "sim-chain"
 #: how long an instance waits after asking a peer for a block before asking again
 CATCHUP_DELAY_S = 0.05
+#: the least virtual time from a decision to the next height. With the fast timeouts' commit_s
+#: of 0, a committee the membership family had shrunk to one member decided height after height
+#: in one virtual instant: time never advanced and the event queue grew until memory ran out
+#: (campaign indices 6352 and 6748: membership, n=4, seeds 705 and 749). A real node spends at
+#: least its block's fsyncs on a height.
+MIN_HEIGHT_S = 0.001
 
 
 def identities(n: int, seed: int = 0) -> list[Identity]:
@@ -267,6 +274,10 @@ class BlockReply:
 
     block: Block
     commit: Commit
+    #: the decided blocks that follow it, in order: one GetBlocks call streams up to
+    #: BLOCKS_PER_SYNC_CALL, which the node applies one after the other (one block per ask left
+    #: the removed members of seed 705 behind a lone member deciding 1,000 heights a second)
+    later: tuple[tuple[Block, Commit], ...] = ()
 
     @property
     def height(self) -> int:
@@ -783,7 +794,7 @@ class Network:
         if ino != inst.wal_ino:  # rotated: the new file was written and synced whole
             inst.synced, inst.wal_ino = size, ino
         inst.driver.block_applied(d.block)
-        delay = 0.0 if catching_up else max(0.0, self.timeouts.commit_s)
+        delay = 0.0 if catching_up else max(MIN_HEIGHT_S, self.timeouts.commit_s)
         self._push(self.now + delay, "start_next", inst.id, inst.epoch)
 
     # -- events
@@ -808,7 +819,7 @@ class Network:
         if self.trace is not None:
             self.trace.append(f"{self.now:8.3f} recv {src}->{dst} {describe(msg)}")
         if isinstance(msg, BlockReply):
-            self._on_block(inst, msg)
+            self._on_block(inst, msg, src)
         elif isinstance(msg, RoundState):
             self._run(inst, lambda: inst.driver.on_round_state(msg))
         else:
@@ -864,15 +875,22 @@ class Network:
         src = self.fate("catchup", k, inst.host.height).choice(sources)
         want = inst.host.height + 1
         if src.alive and want in src.store:
-            self.send(src, inst, BlockReply(*src.store[want]))
+            later = tuple(itertools.takewhile(lambda b: b is not None, (src.store.get(h) for h in
+                                                           range(want + 1, want + BLOCKS_PER_SYNC_CALL))))
+            self.send(src, inst, BlockReply(*src.store[want], later))
 
-    def _on_block(self, inst: Instance, reply: BlockReply) -> None:
+    def _on_block(self, inst: Instance, reply: BlockReply, src: int) -> None:
+        applied = False
         try:
             for e in inst.driver.on_decided_block(reply.block, reply.commit):
                 if isinstance(e, Decide):
                     self._decide(inst, e, catching_up=True)
+                    applied = True
         except Crash:
             self._kill(inst, self._pending_down.pop(inst.id, None))
+            return
+        if applied and reply.later:  # the rest of the stream, after the next height starts (same instant)
+            self._push(self.now, "deliver", src, inst.id, inst.epoch, BlockReply(*reply.later[0], reply.later[1:]))
 
     def _on_crash(self, k: int, down_for: float | None) -> None:
         inst = self.instances[k]

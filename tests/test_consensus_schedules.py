@@ -58,6 +58,24 @@ def test_thirty_one_validators_with_unequal_powers_keep_safety_and_liveness(fami
     _judge_all([(family, 31, 0)])
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", [705, 749])
+def test_a_committee_changed_down_to_one_member_runs_in_virtual_time_and_the_others_follow(seed):
+    """Found by the campaign (indices 6352 and 6748): the plan removes members until one is left.
+    With the fast timeouts (commit_s 0) it decided every height in one virtual instant, so virtual
+    time never moved and the event queue grew to 8 GB (it never ended). And the removed members,
+    following by one block per ask, fell ever further behind it: seed 705 failed liveness (at GST
+    the lone member was at height 1,301, they at 419) once time ran. simnet now spends at least
+    MIN_HEIGHT_S on a height and streams up to BLOCKS_PER_SYNC_CALL blocks per ask, as the node."""
+    plan = Plan.random(seed, 4, "membership")
+    final: dict[int, int] = dict(enumerate(plan.powers or [1] * plan.n))
+    for change in plan.changes:
+        final.update({k: p for k, p in change["updates"]})
+    assert sum(1 for p in final.values() if p) == 1, final  # (what the schedule is about)
+    verdict = judge(plan)
+    assert verdict.violations == []
+
+
 def test_every_family_draws_what_it_names():
     """The sample is not vacuous: each family's plans really hold its faults."""
     plans = {f: [Plan.random(s, 7, f) for s in range(20)] for f in FAMILIES}
