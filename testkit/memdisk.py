@@ -20,6 +20,11 @@ from pathlib import Path
 TMPFS = Path("/dev/shm")
 
 
+def tmpfs_root() -> Path | None:
+    """The machine's tmpfs, if it has one this process may write to (where fsync costs nothing)."""
+    return TMPFS if TMPFS.is_dir() and os.access(TMPFS, os.W_OK) else None
+
+
 class MemoryFolder:
     """A fresh folder on tmpfs, reachable through the symlink `link` (so a failed test's files
     are found under its own folder); `link` itself as a plain folder where there is no tmpfs.
@@ -29,8 +34,9 @@ class MemoryFolder:
         link = Path(link)
         link.parent.mkdir(parents=True, exist_ok=True)
         self._memory: str | None = None
-        if TMPFS.is_dir() and os.access(TMPFS, os.W_OK):
-            self._memory = tempfile.mkdtemp(prefix="gt-members-", dir=TMPFS)
+        root = tmpfs_root()
+        if root is not None:
+            self._memory = tempfile.mkdtemp(prefix="gt-members-", dir=root)
             link.symlink_to(self._memory, target_is_directory=True)
         else:
             link.mkdir()

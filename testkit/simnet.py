@@ -51,6 +51,7 @@ from verifier.consensus.node import BLOCKS_PER_SYNC_CALL
 from verifier.consensus.privval import PrivValidator
 from verifier.consensus.valsets import ValidatorHistory
 from verifier.consensus.wal import WriteAheadLog
+from testkit.memdisk import tmpfs_root
 
 CHAIN = "sim-chain"
 #: how long an instance waits after asking a peer for a block before asking again
@@ -503,7 +504,7 @@ class Network:
         _SIGNATURES.acquire()
         self._closed = False
         self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gt-simnet-", dir=_scratch_root()))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gt-simnet-", dir=tmpfs_root()))  # (simulated disks in memory)
         ids = identities(n + joiners, seed)  # (joiners: nodes outside the first committee)
         self.identities = ids
         self.validators = validator_set(n, seed, powers)  # the first committee
@@ -1016,7 +1017,3 @@ def _size_ino(path: Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_size, st.st_ino
 
-
-def _scratch_root() -> str | None:
-    """Simulated disks live in memory when the machine has a tmpfs (fsync costs nothing)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

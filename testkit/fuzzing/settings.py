@@ -24,13 +24,14 @@ from typing import Any
 
 from gentorrent import settings
 from testkit.fuzzing import Draw, Finding, expect
+from testkit.memdisk import tmpfs_root
 
 _SCHEMA = settings.SECTIONS
 _SECTIONS = list(_SCHEMA)
 _FIELDS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in _SCHEMA.items()}
 _STRINGS = ["", "x", "smollm2-135m", "a\nb", 'q"uote', "back\\slash", "tab\tin", "\x00", "é✓", "\x7f"]
 _HINTS = {name: typing.get_type_hints(cls) for name, cls in _SCHEMA.items()}
-_FILE = Path("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()) / f"gentorrent-fuzz-settings-{os.getpid()}.toml"
+_FILE = (tmpfs_root() or Path(tempfile.gettempdir())) / f"gentorrent-fuzz-settings-{os.getpid()}.toml"
 atexit.register(_FILE.unlink, missing_ok=True)
 
 
