@@ -11,6 +11,10 @@ measurements (overlay, direct) uses the same prompt; their order alternates.
     .venv/bin/python bench/overlay.py --stream [--answers 3]     # streamed answers (below)
     .venv/bin/python bench/overlay.py --deployment [--stream]    # with a committee, audits, a gossiping group
     .venv/bin/python bench/overlay.py --tiny                     # seconds: what make test runs
+    .venv/bin/python bench/overlay.py --pooled-paths             # paths shared by asks (before 2026-12-04)
+
+The asker uses single-use paths, as shipped: every ask's 4 paths are built for it (in the
+background, while the previous ask's are in use), so CPU per ask includes 4 establishments.
 
 Prints one JSON line: p50/p99 of overlay, direct and overlay - direct, in ms (goal: <= 12 ms
 added at p50, ARCHITECTURE.md §7), and the CPU one ask costs per role (`cpu_ms_per_ask`: the
@@ -163,7 +167,10 @@ async def run(args: argparse.Namespace) -> dict:
         procs += relays
         for p in relays:
             json.loads(p.stdout.readline())
-        cloves = CloveParams(n=PATHS, k=3, path_length=HOPS, proxies_kept=4)
+        # two asks' worth of ready paths: with single-use paths (shipped) an ask takes 4 and the
+        # next finds 4 more ready while the taken ones' replacements build (their CPU counts)
+        cloves = CloveParams(n=PATHS, k=3, path_length=HOPS, proxies_kept=2 * PATHS,
+                             single_use_paths=not args.pooled_paths)
         directory = (CommitteeDirectory.from_args(str(genesis), work / "asker") if args.deployment
                      else StaticDirectory(directory_path))
         me = UserNode(work / "asker", directory, cloves=cloves)
@@ -205,6 +212,7 @@ async def run(args: argparse.Namespace) -> dict:
             await direct(f"warm-up {i}")
         result: dict = {"bench": "overlay", "paths": PATHS, "hops": HOPS, "n": 4, "k": 3,
                         "model": "echo stand-in (separate process)", "relays": f"{RELAYS} processes",
+                        "single_use_paths": cloves.single_use_paths,
                         "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
         over, dire, diff = [], [], []
         for i in range(args.asks):
@@ -536,6 +544,8 @@ def main() -> int:
                     help="a committee (4 verifiers) instead of a static directory, audits handed in, a model group "
                          "of 2 gossiping")
     ap.add_argument("--tiny", action="store_true", help="a few asks and one short streamed answer: seconds")
+    ap.add_argument("--pooled-paths", action="store_true",
+                    help="the code before 2026-12-04: every ask over one pool of paths, no path built per ask")
     args = ap.parse_args()
     args.warm, args.idle_s = 10, 3.0
     if args.tiny:

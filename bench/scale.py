@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gentorrent.config import CLOVES, REGISTRY, ROUTING  # noqa: E402
+from gentorrent.config import CLOVES, REGISTRY, ROUTING, SIMS  # noqa: E402
 from gentorrent.crypto.keys import Identity, OnionKey  # noqa: E402
 from gentorrent.ledger import pow as pow_rule, queries, txs  # noqa: E402
 from gentorrent.ledger.chain import (Validator,  # noqa: E402
@@ -67,9 +67,12 @@ MEMBERS = [Identity.from_seed(bytes([150 + i]) * 32) for i in range(4)]
 COMMITTEE = Committee(CHAIN, ValidatorSet([Validator(m.public_key, 1) for m in MEMBERS]))
 MODEL = "smollm2-135m"
 #: peers a user node meets per minute (new predecessors and successors on paths through it):
-#: N users each build `proxies_kept` paths of `path_length` hops per `path_renewal_s`, so each
-#: relay carries that many hop slots, each a predecessor and a successor to look up
-PEERS_PER_MIN = 2 * CLOVES.proxies_kept * CLOVES.path_length / (CLOVES.path_renewal_s / 60)
+#: N users each build `proxies_kept` paths of `path_length` hops per `path_renewal_s`, and with
+#: single-use paths n more for each ask (at the simulators' asks a day), so each relay carries
+#: that many hop slots, each a predecessor and a successor to look up
+PATHS_PER_MIN = (CLOVES.proxies_kept / (CLOVES.path_renewal_s / 60)
+                 + (CLOVES.n * SIMS.linkability_asks_per_day / (24 * 60) if CLOVES.single_use_paths else 0.0))
+PEERS_PER_MIN = 2 * CLOVES.path_length * PATHS_PER_MIN
 USER_ROSTER_REFRESH_S = REGISTRY.user_roster_refresh_s
 MEMBER_ROSTER_REFRESH_S = ROUTING.directory_refresh_s
 

@@ -43,9 +43,17 @@ class CloveParams:
     path_idle_expiry_s: float = 30 * 60.0  # relays forget idle paths after this
     onion_size: int = 2048  # fixed size of an establishment onion at every hop
     link_id_bytes: int = 16
-    # a path carries one ask and is never picked again (a verifier's probing user node: no two
-    # challenges share a path, so relays and proxies cannot link one challenge to another)
-    single_use_paths: bool = False
+    # a path carries one ask and is never picked again, so two asks of one user share a proxy no
+    # more often than asks of two users do (THREAT_MODEL.md "Linking asks by proxy sets"); the
+    # manager builds the next ones as soon as an ask takes its paths. False: the code before
+    # 2026-12-04, a pool of `proxies_kept` paths shared by every ask of a renewal period.
+    single_use_paths: bool = True
+    # the relays of a single-use path keep it, once it has carried a clove, for the asker's
+    # longest wait for a reply (OverlayParams.first_reply_timeout_s, reply_idle_timeout_s) plus
+    # this, idle (told in its onion; 90 s at the defaults): an answer's last reply clove still
+    # finds the path, and one user's asks do not fill its guard's per-peer quota
+    # (OverlayParams.max_paths_per_peer: 512 entries, about 1.4 asks a second)
+    used_path_linger_s: int = 30
 
 
 CLOVES = CloveParams()

@@ -96,7 +96,7 @@ POLICIES = (
     Policy("hidden", "position hidden only", True, False, False),
     Policy("guards", "entry guards only", False, True, False),
     Policy("fresh", "fresh proxies per ask only", False, False, True),
-    Policy("all", "all three (fresh proxies are `CLOVES.single_use_paths`, off by default)", True, True, True),
+    Policy("all", "all three (fresh proxies are `CLOVES.single_use_paths`)", True, True, True),
     Policy("shipped", "what the code's defaults run: position hidden, entry guards "
                       f"{'on' if GUARDS.enabled else 'off'}, fresh proxies {'on' if CLOVES.single_use_paths else 'off'}",
            True, GUARDS.enabled, CLOVES.single_use_paths),

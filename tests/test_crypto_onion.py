@@ -70,6 +70,19 @@ def test_onion_peels_in_order_with_constant_size(length, start):
         assert not _shares_9_bytes(a, b)
 
 
+def test_every_hop_reads_the_linger_its_onion_asks_for_and_an_onion_without_one_reads_zero():
+    """A single-use path tells its relays how long to keep it once used (pathtable.idle_limit);
+    an onion built without (a pooled path, or a user before 2026-12-04) reads 0 at every hop."""
+    priv, hops = _path(CLOVES.path_length)
+    layers, _ = _walk(onion.build_onion(hops, linger_s=90)[0], priv)
+    assert [layer.linger_s for layer in layers] == [90] * CLOVES.path_length
+    layers, _ = _walk(onion.build_onion(hops)[0], priv)
+    assert [layer.linger_s for layer in layers] == [0] * CLOVES.path_length
+    for bad in (-1, 1 << 16):
+        with pytest.raises(onion.OnionError, match="linger_s"):
+            onion.build_onion(hops, linger_s=bad)
+
+
 def test_peel_only_with_the_right_key_in_order():
     priv, hops = _path(CLOVES.path_length)
     first, _ = onion.build_onion(hops)

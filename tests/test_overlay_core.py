@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -101,6 +102,23 @@ def test_idle_paths_expire_and_free_the_peer_quota():
     with pytest.raises(Drop) as err:
         table.forward_entry(bytes([2]) * 16, "b", 30.0)
     assert err.value.reason is DropReason.EXPIRED and len(table) == 1
+
+
+def test_a_used_single_use_path_is_forgotten_after_its_linger_and_an_unused_one_keeps_the_full_expiry():
+    """The onion's linger applies once a clove has passed: a used single-use path frees its
+    predecessor's quota a minute after its ask, a ready one waits for its ask as long as any
+    path, and a linger longer than the relay's own expiry cannot keep a path longer."""
+    table = PathTable(OverlayParams(), idle_expiry_s=1800)
+    used, ready, greedy = (replace(_entry(i, "u"), linger_s=linger) for i, linger in ((1, 60), (2, 60), (3, 10**6)))
+    for entry in (used, ready, greedy):
+        table.add(entry)
+    table.used(table.forward_entry(used.link_in, "u", 5.0), 5.0, forward=True)
+    table.used(table.forward_entry(greedy.link_in, "u", 5.0), 5.0, forward=True)
+    assert table.expire(64.0) == [] and table.expire(66.0) == [used]
+    with pytest.raises(Drop) as err:
+        table.forward_entry(used.link_in, "u", 66.0)
+    assert err.value.reason is DropReason.UNKNOWN_LINK
+    assert table.expire(1800.0) == [] and table.expire(1806.0) == [ready, greedy] and len(table) == 0
 
 
 def test_sequence_window_refuses_repeats_and_old_numbers_and_tolerates_reordering():

@@ -552,6 +552,7 @@ class Asker:
             pending.settle_timer.cancel()
         self._forget(pending)
         self._judge_paths(pending)
+        self.paths.release([*pending.paths, *pending.tokens.values()])
 
     def _blame_node(self, failed: list[ProxyPath]) -> bool:
         """No send delivered: blame the node (keep the paths) unless one of these paths already

@@ -133,7 +133,10 @@ class OverlayAuditChannel:
         paths = await self.paths.pick(len(members))
         if not paths:
             raise ConnectionError("no proxy path to hand an audit in")
-        sent = await asyncio.gather(*(self._send(m, paths[i % len(paths)], data) for i, m in enumerate(members)))
+        try:
+            sent = await asyncio.gather(*(self._send(m, paths[i % len(paths)], data) for i, m in enumerate(members)))
+        finally:
+            self.paths.release(paths)
         if 3 * sum(sent) <= 2 * len(members):
             raise ConnectionError(f"only {sum(sent)} of {len(members)} members' copies left this node")
         return pb.AuditAck(accepted=True)

@@ -11,6 +11,13 @@ a sealed notice from that hop), is marked failed and replaced at once; every
 path is renewed after `path_renewal_s` anyway. Paths are pinned to node ids: onions name each
 successor by id, and the first hop is dialled by id (gentorrent.channels).
 
+Paths are single-use by default (`CLOVES.single_use_paths`): an ask takes n of the ready paths,
+the manager starts building their replacements at once, and when the ask is settled its paths
+are retired here and at their relays too, once idle for the asker's longest reply wait plus
+`used_path_linger_s` (`PathManager.linger_s`, which the onion tells them). So a user's asks share a proxy only as often as any two asks drawn from the
+region do, and colluding proxies and model nodes cannot link a user's asks by the proxy they
+came through (THREAT_MODEL.md); the guard, the first hop, stays the same by design.
+
 `PathPool` and `choose_relays` are pure (time and rng passed in); `PathManager` is the async
 shell that talks to relays.
 """
@@ -21,6 +28,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -204,6 +212,9 @@ class PathManager:
         self.clock = clock
         self.wall_clock = wall_clock
         self.pool = PathPool(cloves.proxies_kept, cloves.path_renewal_s, cloves.single_use_paths)
+        # what a single-use path's onion asks its relays: keep me this long idle once used
+        self.linger_s = (math.ceil(max(params.first_reply_timeout_s, params.reply_idle_timeout_s))
+                         + cloves.used_path_linger_s) if cloves.single_use_paths else 0
         genesis = getattr(directory, "genesis", None)  # a committee's directory: its genesis' path rule
         self.distinct_prefixes = bool(genesis is not None and genesis.rules.distinct_path_prefixes)
         self._ids = itertools.count(1)
@@ -293,7 +304,7 @@ class PathManager:
     async def _establish(self, relays: list[UserRecord]) -> ProxyPath | None:
         hops = [onion.HopSpec(r.node_id, r.onion_key) for r in relays]
         # keys and link IDs from the OS CSPRNG; the time lets hops refuse this onion once it is old
-        onion_bytes, secrets = onion.build_onion(hops, issued_s=int(self.wall_clock()))
+        onion_bytes, secrets = onion.build_onion(hops, issued_s=int(self.wall_clock()), linger_s=self.linger_s)
         first = relays[0]
         started = self.clock()
         path = ProxyPath(next(self._ids), tuple(r.address for r in relays), tuple(r.node_id_hex for r in relays),
@@ -386,8 +397,22 @@ class PathManager:
         if path.failed:
             return
         path.failed = True
+        self._refill()
+
+    def _refill(self) -> None:
+        """Build what the pool misses, in the background (one fill at a time)."""
         if self._repair is None or self._repair.done():
             self._repair = asyncio.get_running_loop().create_task(self._fill_quietly())
+
+    def release(self, paths: list[ProxyPath]) -> None:
+        """An ask (or an audit hand-in) is done with `paths`. Single-use paths are retired now
+        (their relays forget them `used_path_linger_s` after their last clove: the onion said
+        so); pooled ones stay for the next ask."""
+        if not self.pool.single_use:
+            return
+        for path in {p.path_id: p for p in paths}.values():
+            if self.pool.paths.get(path.path_id) is path:
+                self._retire(path)
 
     async def _fill_quietly(self) -> None:
         try:
@@ -396,10 +421,14 @@ class PathManager:
             log.info("path repair failed: %s", exc)
 
     async def pick(self, n: int) -> list[ProxyPath]:
-        """n paths to ask over, building more first when fewer than n are usable."""
+        """n paths to ask over, building more first when fewer than n are usable. Single-use
+        paths are replaced at once, so the next ask finds paths ready rather than waits for them."""
         if len(self.pool.usable(self.clock())) < n:
             await self.fill()
-        return self.pool.pick(n, self.clock(), self.rng)
+        picked = self.pool.pick(n, self.clock(), self.rng)
+        if self.pool.single_use and picked:
+            self._refill()
+        return picked
 
     async def wait_for(self, n: int, wait_s: float) -> int:
         """Build until n paths are usable, for up to wait_s; the usable count.
@@ -421,7 +450,11 @@ class PathManager:
         """A usable path not in `exclude` (to resend a clove whose path failed)."""
         used = {p.path_id for p in exclude}
         spare = [p for p in self.pool.usable(self.clock()) if p.path_id not in used]
-        return self.pool.take([min(spare, key=lambda p: p.sends)])[0] if spare else None
+        if not spare:
+            return None
+        if self.pool.single_use:
+            self._refill()
+        return self.pool.take([min(spare, key=lambda p: p.sends)])[0]
 
     def status(self) -> dict:
         now = self.clock()

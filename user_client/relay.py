@@ -219,7 +219,8 @@ class Relay(rpc.RelayServicer):
                 raise Drop(DropReason.UNKNOWN_PEER, layer.next_hop[:16])
         self.onions.check_and_add(layer.ephemeral, layer.issued_s, self.wall_clock())
         now = self.clock()
-        entry = HopEntry(layer.link_in, layer.link_out, link.peer.node_id, layer.next_hop, layer.hop_key, now, now)
+        entry = HopEntry(layer.link_in, layer.link_out, link.peer.node_id, layer.next_hop, layer.hop_key, now, now,
+                         linger_s=layer.linger_s)
         self.table.add(entry)
         if layer.next_hop is None:  # the proxy: its confirmation waits, as its replies do
             hold = self.holds.fresh()

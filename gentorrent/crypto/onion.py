@@ -16,14 +16,19 @@ nonce 0^12, aad = E_h) opens beta_h|tag_h into P_h (B bytes; the zero nonce is s
 aead_key comes from a fresh ephemeral key). P_h = info_h (INFO = 128 bytes) | rest_h::
 
     info = flags (1: 1 = forward, 0 = you are the proxy) | link_in (16) | link_out (16)
-           | successor node id (32, zero for the proxy) | issued_s (8) | zero padding
+           | successor node id (32, zero for the proxy) | issued_s (8) | linger_s (2)
+           | zero padding
 
 The successor is named by node id, never by address: the relay dials the node the registry
 lists under that id and accepts only its registered certificate (gentorrent.channels), so
 nobody can redirect a path by registering someone else's address. `issued_s` is the user's
 clock when it built the onion: a hop refuses onions older than the path could live (and
 keeps the ephemeral keys of younger ones), so an onion captured on the wire cannot re-install
-the same keys and link IDs after the path expired.
+the same keys and link IDs after the path expired. `linger_s` (0: not set) is how long the hop
+may keep the path once it has carried a clove and gone idle: a single-use path (one ask, then
+never again) asks its relays to forget it soon after its ask, instead of holding its entry for
+the full idle expiry (gentorrent.overlay.pathtable). Every path a shipped user builds is
+single-use, so the field tells a hop nothing about whose path it is.
 
 The next onion is rest_h | filler_h: again exactly S bytes, so every hop sees the same size
 and a random-looking body, and cannot tell its position. The sender precomputes every
@@ -120,6 +125,7 @@ _CLOVE_LABEL = b"gentorrent/clove-layer/v2"
 _RAW = serialization.Encoding.Raw
 _RAW_PUB = serialization.PublicFormat.Raw
 _SEQ_MOD = 1 << 64
+_LINGER_MAX = (1 << 16) - 1
 
 
 class OnionError(ValueError):
@@ -163,6 +169,7 @@ class PeeledLayer:
     onion: bytes | None  # the onion to send to next_hop
     issued_s: int
     ephemeral: bytes
+    linger_s: int = 0  # seconds to keep the path idle after its first clove (0: the relay's own expiry)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -200,7 +207,7 @@ def _exchange(private: X25519PrivateKey, public: bytes) -> bytes:
         raise OnionError("degenerate X25519 key in onion") from exc
 
 
-def _encode_info(next_hop: bytes | None, link_in: bytes, link_out: bytes, issued_s: int) -> bytes:
+def _encode_info(next_hop: bytes | None, link_in: bytes, link_out: bytes, issued_s: int, linger_s: int) -> bytes:
     if next_hop is not None and len(next_hop) != NODE_ID_BYTES:
         raise OnionError(f"a successor is named by its {NODE_ID_BYTES}-byte node id")
     for link in (link_in, link_out):
@@ -208,22 +215,26 @@ def _encode_info(next_hop: bytes | None, link_in: bytes, link_out: bytes, issued
             raise OnionError(f"link IDs are {LINK_ID_BYTES} bytes")
     if not 0 <= issued_s < _SEQ_MOD:
         raise OnionError("issued_s out of range")
+    if not 0 <= linger_s <= _LINGER_MAX:
+        raise OnionError(f"linger_s is 0..{_LINGER_MAX} seconds")
     info = (bytes((0 if next_hop is None else 1,)) + link_in + link_out
-            + (next_hop or bytes(NODE_ID_BYTES)) + issued_s.to_bytes(8, "big"))
+            + (next_hop or bytes(NODE_ID_BYTES)) + issued_s.to_bytes(8, "big") + linger_s.to_bytes(2, "big"))
     return info + bytes(INFO_BYTES - len(info))
 
 
-def _decode_info(info: bytes) -> tuple[str | None, bytes, bytes, int]:
+def _decode_info(info: bytes) -> tuple[str | None, bytes, bytes, int, int]:
     flags = info[0]
     link_in, link_out = info[1 : 1 + LINK_ID_BYTES], info[1 + LINK_ID_BYTES : 1 + 2 * LINK_ID_BYTES]
     at = 1 + 2 * LINK_ID_BYTES
     successor = info[at : at + NODE_ID_BYTES]
-    issued_s = int.from_bytes(info[at + NODE_ID_BYTES : at + NODE_ID_BYTES + 8], "big")
+    at += NODE_ID_BYTES
+    issued_s = int.from_bytes(info[at : at + 8], "big")
+    linger_s = int.from_bytes(info[at + 8 : at + 10], "big")
     if flags not in (0, 1) or (flags == 1) == (successor == bytes(NODE_ID_BYTES)):
         raise OnionError("malformed routing info")
-    if any(info[at + NODE_ID_BYTES + 8 :]):
+    if any(info[at + 10 :]):
         raise OnionError("malformed routing info")
-    return (successor.hex() if flags == 1 else None), link_in, link_out, issued_s
+    return (successor.hex() if flags == 1 else None), link_in, link_out, issued_s, linger_s
 
 
 # --------------------------------------------------------------------------- establishment
@@ -231,8 +242,10 @@ def _decode_info(info: bytes) -> tuple[str | None, bytes, bytes, int]:
 
 def build_onion(
     hops: list[HopSpec], rng: Rng | None = None, link_ids: list[bytes] | None = None, issued_s: int = 0,
+    linger_s: int = 0,
 ) -> tuple[bytes, PathSecrets]:
-    """The establishment onion for hops[0] (the first relay) .. hops[-1] (the proxy)."""
+    """The establishment onion for hops[0] (the first relay) .. hops[-1] (the proxy); every
+    hop is told the same `linger_s`."""
     rng = rng or _secrets.token_bytes
     l = len(hops)
     if not 1 <= l <= MAX_HOPS:
@@ -258,7 +271,7 @@ def build_onion(
     for h in range(l - 1, -1, -1):
         eph_pub, aead_key, _, keystream, _ = layers[h]
         next_hop = bytes(hops[h + 1].node_id) if h + 1 < l else None
-        info = _encode_info(next_hop, links[h], links[h + 1], issued_s)
+        info = _encode_info(next_hop, links[h], links[h + 1], issued_s, linger_s)
         if h == l - 1:
             t = tails[h]
             rest = rng(body - INFO_BYTES - len(t)) + _xor(t, keystream[body - len(t) :])
@@ -282,9 +295,9 @@ def peel(onion: bytes, onion_private_key: X25519PrivateKey | bytes) -> PeeledLay
         plain = AESGCM(aead_key).decrypt(_NONCE0, beta + tag, eph_pub)
     except InvalidTag as exc:
         raise OnionError("onion layer does not authenticate (tampered, or not for this key)") from exc
-    next_hop, link_in, link_out, issued_s = _decode_info(plain[:INFO_BYTES])
+    next_hop, link_in, link_out, issued_s, linger_s = _decode_info(plain[:INFO_BYTES])
     inner = None if next_hop is None else plain[INFO_BYTES:] + filler
-    return PeeledLayer(next_hop, link_in, link_out, hop_key, inner, issued_s, eph_pub)
+    return PeeledLayer(next_hop, link_in, link_out, hop_key, inner, issued_s, eph_pub, linger_s)
 
 
 # --------------------------------------------------------------------------- per-hop keys

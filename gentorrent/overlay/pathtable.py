@@ -222,6 +222,7 @@ class HopEntry:
     forward_window: SeqWindow = field(default_factory=SeqWindow)
     return_window: RecentSet = field(default_factory=RecentSet)
     reply: ReplyLinks | None = None
+    linger_s: float = 0.0  # idle time allowed once a clove passed (its onion's; 0: the table's expiry)
 
     def __post_init__(self) -> None:
         if self.keys is None:
@@ -303,8 +304,16 @@ class PathTable:
                 self._by_out[link] = entry
         return entry
 
+    def idle_limit(self, entry: HopEntry) -> float:
+        """How long `entry` may idle: the table's expiry, or, once the path has carried a clove,
+        the shorter time its onion asked for (a single-use path whose ask is over). Only ever
+        shorter: an onion cannot make a relay keep state longer than the relay allows."""
+        if entry.linger_s and (entry.forwarded or entry.returned):
+            return min(entry.linger_s, self.idle_expiry_s)
+        return self.idle_expiry_s
+
     def _alive(self, entry: HopEntry, now: float) -> HopEntry:
-        if now - entry.last_used > self.idle_expiry_s:
+        if now - entry.last_used > self.idle_limit(entry):
             self.remove(entry)
             raise Drop(DropReason.EXPIRED)
         return entry
@@ -320,7 +329,7 @@ class PathTable:
 
     def expire(self, now: float) -> list[HopEntry]:
         """Forget paths idle for longer than the expiry; returns what was forgotten."""
-        stale = [e for e in self._by_in.values() if now - e.last_used > self.idle_expiry_s]
+        stale = [e for e in self._by_in.values() if now - e.last_used > self.idle_limit(e)]
         for entry in stale:
             self.remove(entry)
         return stale

@@ -479,11 +479,18 @@ async def adv_position_alone(root: Path, seed: int = 0, quick: bool = False, par
     guess is a threshold calibrated on the relays' paths of even renewal periods (their true
     positions known, as an attacker learns them from paths it builds itself) and scored on the
     odd ones; a tell succeeds when its guesses beat chance (binomial p < 0.01). `params`: changes
-    to the overlay's parameters (hide_position=False: the code before the defence)."""
+    to the overlay's parameters (hide_position=False: the code before the defence).
+
+    The asker keeps a pool of paths for each renewal period (`single_use_paths` off): every relay
+    then times several asks over one path and is guessed per path, which gives it more to go on
+    than the shipped single-use paths, one ask each, would."""
+    from dataclasses import replace
+
     from gentorrent.ledger.peers import USER
 
     windows, per_window = (8, 5) if quick else (12, 6)
-    async with Net(root, users=13, **(params or {})) as net:
+    cloves = replace(_params()[0], single_use_paths=False)
+    async with Net(root, users=13, cloves=cloves, **(params or {})) as net:
         loop = asyncio.get_running_loop()
         asked: set[tuple[str, bytes]] = set()  # (relay, link in) on which a forward frame asked for an ack
         fwd_at: dict[tuple[str, bytes], float] = {}
