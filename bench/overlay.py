@@ -340,6 +340,13 @@ async def _stream_phase(args, me: UserNode, stub, meter: CpuMeter, ask_cpu_ms: f
             sizes.append(len(payload))
 
     own_links.update(p.first_link for p in me.paths.pool.paths.values())
+    add = me.paths.pool.add
+
+    def adding(path) -> None:  # single-use paths: every answer's are built after this point
+        own_links.add(path.first_link)
+        add(path)
+
+    me.paths.pool.add = adding
     me.relay.tap = tap
     interval = args.stream_s / max(1, args.stream_tokens - 1)
     prompt = "Stream me a long answer about the moon, token by token, please."

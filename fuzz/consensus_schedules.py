@@ -9,7 +9,10 @@ committees that change through the chain; all at once), for committees of 4, 7, 
 WAL, safety checked always and liveness after GST. Schedule k of a campaign is family
 FAMILIES[k % 9] with seed k // 9, so a campaign is the sequence of its indices and runs in chunks:
 each chunk appends one JSON line to the ledger (--ledger) and the next one resumes where the
-last ended (--resume). Progress goes to stderr; at the end ONE JSON line to stdout. Every failing
+last ended (--resume). Progress goes to stderr; at the end ONE JSON line to stdout. A schedule
+that runs past --schedule-limit-s of wall time, or past the worker's --worker-memory-gib, is an
+overrun: a finding like a violation (a hang or a runaway of the explorer or of the nodes; two
+once held a campaign at 8 GB for good), saved, and the campaign goes on. Every failing
 schedule is saved as a replayable file (default tests/data/consensus_schedules/, which
 tests/test_consensus_schedules.py replays: a finding becomes a regression test).
 
@@ -21,12 +24,15 @@ tests/test_consensus_schedules.py replays: a finding becomes a regression test).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import resource
 import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +43,38 @@ from testkit.schedules import FAMILIES, SIZES, Plan, judge, load_failure, run_pl
 SAVE_DIR = ROOT / "tests" / "data" / "consensus_schedules"
 LEDGER = ROOT / "results" / "consensus_campaign.jsonl"
 WEIGHTS = (45, 35, 19, 1)
+SCHEDULE_LIMIT_S = 300.0  # wall time of one schedule before it is an overrun (the slowest, n=31, take ~10 s)
+WORKER_MEMORY_GIB = 4.0  # address space of one worker process
+
+
+class Overrun(BaseException):
+    """A schedule ran past its wall time (a BaseException: `judge` counts every Exception out of
+    the engine as a violation of its own, and this one must reach `_run`)."""
+
+
+@contextlib.contextmanager
+def bounded(limit_s: float):
+    """Raise Overrun in this (main) thread once `limit_s` of wall time has passed: the explorer
+    runs in virtual time, so a schedule that does not end is a loop that never blocks, which a
+    signal interrupts."""
+    def overrun(*_):
+        raise Overrun()
+
+    previous = signal.signal(signal.SIGALRM, overrun)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _limit_memory(gib: float) -> None:
+    """A worker's initializer: a runaway schedule meets MemoryError, not the machine's OOM killer."""
+    if gib:
+        soft = int(gib * (1 << 30))
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
 def size_cycle(sizes: tuple[int, ...], weights: tuple[int, ...]) -> list[int]:
@@ -57,13 +95,20 @@ def unit(index: int, cycle: list[int]) -> tuple[str, int, int]:
     return family, cycle[seed % len(cycle)], seed
 
 
-def _run(index: int, family: str, n: int, seed: int) -> dict:
+def _run(index: int, family: str, n: int, seed: int, limit_s: float = SCHEDULE_LIMIT_S) -> dict:
     logging.disable(logging.CRITICAL)
     t = time.process_time()
-    verdict = judge(Plan.random(seed, n, family))
-    return {"index": index, "family": family, "n": n, "seed": seed, "violations": verdict.violations,
-            "virtual_s": verdict.virtual_s, "cpu_s": time.process_time() - t,
-            "plan": verdict.plan.to_json() if verdict.violations else None}
+    plan = Plan.random(seed, n, family)
+    virtual_s = 0.0
+    try:
+        with bounded(limit_s):
+            verdict = judge(plan)
+        violations, virtual_s = verdict.violations, verdict.virtual_s
+    except Overrun:  # (out of memory is judge's: "exception: MemoryError")
+        violations = [f"overrun: no verdict within {limit_s:g} s of wall time (a hang of the explorer or the nodes)"]
+    return {"index": index, "family": family, "n": n, "seed": seed, "violations": violations,
+            "virtual_s": virtual_s, "cpu_s": time.process_time() - t,
+            "plan": plan.to_json() if violations else None}
 
 
 def campaign(args) -> dict:
@@ -84,12 +129,12 @@ def campaign(args) -> dict:
     failures: list[dict] = []
     virtual = cpu = 0.0
     nxt = start
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with ProcessPoolExecutor(max_workers=args.jobs, initializer=partial(_limit_memory, args.worker_memory_gib)) as pool:
         running = set()
         while True:
             while (not stopping and time.monotonic() < stop_at and nxt < start + args.schedules
                    and len(running) < 2 * args.jobs):
-                running.add(pool.submit(_run, nxt, *unit(nxt, cycle)))
+                running.add(pool.submit(_run, nxt, *unit(nxt, cycle), args.schedule_limit_s))
                 nxt += 1
             if not running:
                 break
@@ -189,6 +234,10 @@ def main() -> None:
     ap.add_argument("--ledger", type=Path, default=LEDGER, help="append each chunk's JSON line here")
     ap.add_argument("--save-dir", type=Path, default=SAVE_DIR, help="where failing schedules are written")
     ap.add_argument("--progress-s", type=float, default=30.0)
+    ap.add_argument("--schedule-limit-s", type=float, default=SCHEDULE_LIMIT_S,
+                    help="wall time one schedule may take before it counts as an overrun (a finding)")
+    ap.add_argument("--worker-memory-gib", type=float, default=WORKER_MEMORY_GIB,
+                    help="address space of each worker (0: unlimited); past it a schedule is an overrun")
     ap.add_argument("--summary", action="store_true", help="print the ledger's totals and exit")
     ap.add_argument("--replay", type=Path, help="run one saved schedule and report it")
     ap.add_argument("--trace", action="store_true", help="with --replay: print every message to stderr")

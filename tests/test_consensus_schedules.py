@@ -11,7 +11,10 @@ reverted each (their "found_with"): each fails again if that fix goes."""
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from testkit.simnet import FixedDelay, Network
 #: make check runs the 4-validator part
 SAMPLE = ((4, range(0, 2)),) if CHECK_TIER else ((4, range(0, 5)), (7, range(0, 3)), (10, range(0, 1)))
 LARGE = ("mixed",)  # families also sampled with 31 validators (one schedule each; the campaign runs more)
+ROOT = Path(__file__).resolve().parents[1]
 SAVED = sorted((Path(__file__).parent / "data" / "consensus_schedules").glob("*.json"))
 
 
@@ -120,3 +124,32 @@ def test_the_oracle_sees_a_fork_and_a_broken_lock():
         assert agreement(net) and any("at height 1" in v for v in agreement(net))
         broken = lock_discipline(net)
         assert any("without a polka" in v for v in broken) and any("prevoted 04040404" in v for v in broken)
+
+
+def test_a_schedule_that_never_ends_is_an_overrun_the_campaign_saves_and_goes_past(tmp_path, monkeypatch):
+    """A campaign once sat at 8 GB on one schedule for good (a lone member deciding every height in
+    one virtual instant). A schedule past its wall time is now a finding of its own, saved as a
+    replayable file, and the campaign moves on to the next index."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("campaign", ROOT / "fuzz" / "consensus_schedules.py")
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+
+    def never_ends(plan):
+        while True:
+            pass
+
+    monkeypatch.setattr(campaign, "judge", never_ends)
+    out = campaign._run(5, "membership", 4, 0, limit_s=0.3)
+    assert out["violations"] and out["violations"][0].startswith("overrun: no verdict within 0.3 s"), out
+    assert campaign.Plan.from_json(out["plan"]) == campaign.Plan.random(0, 4, "membership")
+    monkeypatch.undo()
+    ledger = tmp_path / "ledger.jsonl"  # and the driver itself, as operators run it: two real schedules
+    run = subprocess.run([sys.executable, str(ROOT / "fuzz" / "consensus_schedules.py"), "--schedules", "2",
+                          "--jobs", "1", "--validators", "4", "--weights", "1", "--ledger", str(ledger),
+                          "--save-dir", str(tmp_path / "found")], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["schedules"] == 2 and result["violations"] == 0 and result["indices"] == [0, 1], result
+    assert json.loads(ledger.read_text())["schedules"] == 2 and not (tmp_path / "found").exists()

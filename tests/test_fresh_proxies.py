@@ -1,4 +1,4 @@
-"""Asks that cannot be linked by their proxy (issue 40 item 4), on the real overlay.
+"""Asks that cannot be linked by their proxy, on the real overlay.
 
 Colluding proxies (and the model node they serve, which sees which proxies an ask came
 through) link the asks of one user when those asks share proxies more often than the asks of

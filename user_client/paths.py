@@ -206,6 +206,7 @@ class PathManager:
         # where reply blobs of our paths go, straight from the relay (the Asker sets itself)
         self.replies_to: Callable[[ProxyPath, bytes], None] | None = None
         self.closed = 0  # paths a hop closed (its successor was gone)
+        self.failed = 0  # paths found failing (a send, a reply, a delivery, a close): replaced at once
         self.cloves = cloves
         self.params = params
         self.rng = rng or random.SystemRandom()  # relay choice; seeded only in tests
@@ -397,6 +398,7 @@ class PathManager:
         if path.failed:
             return
         path.failed = True
+        self.failed += 1
         self._refill()
 
     def _refill(self) -> None:
@@ -459,7 +461,8 @@ class PathManager:
     def status(self) -> dict:
         now = self.clock()
         return {"usable": len(self.pool.usable(now)), "keep": self.pool.keep, "built": self.built,
-                "build_failures": self.build_failures, "closed": self.closed, "suspects": dict(self._suspect_hops),
+                "build_failures": self.build_failures, "failed": self.failed, "closed": self.closed,
+                "suspects": dict(self._suspect_hops),
                 "last_error": self.last_error, "relays_known": len(self.directory.users()),
                 "build_ms": [round(t * 1000, 1) for t in self.build_s],
                 "guards": [g.node_id for g in self.guards.guards] if self.guards is not None else None,

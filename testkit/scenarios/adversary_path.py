@@ -409,9 +409,13 @@ async def adv_model_amplify(root: Path, seed: int = 0, quick: bool = False) -> d
 async def adv_position_timing(root: Path, seed: int = 0, quick: bool = False) -> dict:
     """Every relay asks for acks on what it forwards and times them (round trip to whatever
     answers the ack), and times the first reply clove after each forward clove on a path. It
-    then guesses its position on each of the user's paths: the largest median comes first."""
+    then guesses its position on each of the user's paths: the largest median comes first. The
+    asker keeps one pool of paths (`single_use_paths` off), so each relay times many asks per
+    path, more than the shipped single-use paths give it."""
+    from dataclasses import replace
+
     asks = 10 if quick else 30
-    async with Net(root, users=13) as net:
+    async with Net(root, users=13, cloves=replace(_params()[0], single_use_paths=False)) as net:
         ack_rtt: dict[tuple[str, bytes], list[float]] = {}  # (relay, link it sent on; b"" to a model node)
         fwd_at: dict[tuple[str, bytes], float] = {}
         reply_delay: dict[tuple[str, bytes], list[float]] = {}

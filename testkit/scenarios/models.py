@@ -215,6 +215,7 @@ async def model_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
             except AskError:
                 warmup_failures += 1
         built_before = me.paths.built + other.paths.built
+        failed_before = me.paths.failed + other.paths.failed
         tally = _Tally(victim, ECHO_PREFIX, victim_lies=mode in ("garbage", "bad-signature"))
         asks = 3 if quick else 8
         fault_at = time.monotonic()
@@ -227,7 +228,8 @@ async def model_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
         tried_before = tally.victim_tried
         await tally.ask(other, f"another user's ask under {mode}", limit_s)
         extra["other_user"] = {"tried_victim": tally.victim_tried > tried_before, "seconds": tally.seconds[-1]}
-        extra["paths_rebuilt"] = me.paths.built + other.paths.built - built_before
+        extra["paths_rebuilt"] = me.paths.built + other.paths.built - built_before  # (an ask's paths are single-use)
+        extra["paths_failed"] = me.paths.failed + other.paths.failed - failed_before
         if mode == "hang":  # the paused node comes back: asks go on being answered
             sup.kill("victim", signal.SIGCONT)
             before = tally.answered
@@ -253,5 +255,5 @@ async def model_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
             "failed_clearly": tally.clear, "committed_txs_lost": None, "forks": None, "recover_s": recover_s,
             "note": f"{mode} on 1 of 2 model processes, listed first; {tally.victim_tried} of {tally.sent} "
                     f"asks tried it, {tally.accepted_from_victim} answers accepted from it, "
-                    f"{extra['paths_rebuilt']} paths rebuilt",
+                    f"{extra['paths_failed']} paths failed",
             "extra": extra}

@@ -116,6 +116,7 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
     try:
         await me.paths.fill()
         await me.ask("warm up")
+        await me.paths.fill()  # the warm-up's single-use paths replaced: the next ask's
         used = sorted(me.paths.pool.usable(time.monotonic()), key=lambda p: p.path_id)
         on_paths: dict[str, int] = {}
         for p in used:
@@ -133,7 +134,7 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
             else:
                 _make_faulty(by_address[v], mode, rng, counts, hang_s=3 * params.forward_timeout_s)
         asks = 4 if quick else 10
-        built_before = me.paths.built
+        built_before, failed_before = me.paths.built, me.paths.failed
         fault_end = time.monotonic()
         for i in range(asks):
             prompt = f"ask {i} under {mode}"
@@ -157,7 +158,7 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
         # until it is suspected twice (a silent drop shows as a clove the model node never
         # listed as delivered in its reply: the path is failed like any other)
         still_faulty = sum(1 for p in pool if set(p.relays) & set(victims))
-        rebuilt = me.paths.built - built_before
+        rebuilt, failed = me.paths.built - built_before, me.paths.failed - failed_before
         relay_drops = _sum_drops([n.relay.status()["drops"] for n in nodes if n is not me])
         status = me.status()
     finally:
@@ -167,12 +168,12 @@ async def relay_faults(root: Path, mode: str, seed: int = 0, quick: bool = False
     return {"requests_sent": sent, "answered": answered, "lost": sent - answered - clear, "failed_clearly": clear,
             "committed_txs_lost": None, "forks": None, "recover_s": recover_s,
             "note": f"{mode} on a relay of {len(victims)} of {cloves.n} paths (k = {cloves.k}); "
-                    f"{rebuilt} paths rebuilt, {still_faulty} still through a faulty relay",
+                    f"{failed} paths failed, {rebuilt} built, {still_faulty} still through a faulty relay",
             "extra": {"victims": len(victims), "fault_hits": counts, "relay_drops": relay_drops,
                       "model_intake_drops": model.intake.drops.as_dict(), "asker_drops": status["asking"]["drops"],
                       "paths_after": len(pool), "paths_repaired": repaired,
                       "paths_still_through_faulty_relay": still_faulty,
-                      "paths_rebuilt": rebuilt}}
+                      "paths_rebuilt": rebuilt, "paths_failed": failed}}
 
 
 # --------------------------------------------------------------------------- relay processes
@@ -419,9 +420,10 @@ async def _fault_phase(me, fleet, phase: str, inject, lift, budget: int, asks: i
     """Fault the relays of at most `budget` of the asker's paths, ask, let paths be repaired;
     then (if `lift`) lift the fault, ask again and probe each faulted relay."""
     n = me.cloves.n
+    await me.paths.fill()  # the last ask's single-use paths replaced: the pool the next ask uses
     pool = me.paths.pool.usable(time.monotonic())
     victims, hit = choose_victims(pool, budget, rng)
-    built = me.paths.built
+    built, failed = me.paths.built, me.paths.failed
     sends_before = {p.path_id: p.sends for p in pool}
     t_fault = time.monotonic()
     for v in victims:
@@ -432,7 +434,8 @@ async def _fault_phase(me, fleet, phase: str, inject, lift, budget: int, asks: i
            "pool": [[fleet.names.get(r, r) for r in p.relays] for p in pool],
            "paths_hit": len(hit), "during": during, "repair": repair,
            "repair_s": round(time.monotonic() - t_fault, 2), "recover_s": during["first_ok_s"],
-           "paths_rebuilt": me.paths.built - built}  # around the fault (the probes below build their own)
+           "paths_rebuilt": me.paths.built - built,  # around the fault (the probes below build their own)
+           "paths_failed": me.paths.failed - failed}
     if lift is not None:
         t_lift = time.monotonic()
         for v in victims:
@@ -525,7 +528,7 @@ async def relay_process_faults(root: Path, mode: str, seed: int = 0, quick: bool
     clear = sum(b["clear"] for b in batches)
     recovers = [p["recover_s"] for p in phases]
     notes = "; ".join(f"{p['phase']} on {len(p['victims'])} relays of {p['paths_hit']}/{p['paths']} paths, "
-                      f"{p['paths_rebuilt']} paths rebuilt" for p in phases)
+                      f"{p['paths_failed']} paths failed" for p in phases)
     return {"requests_sent": sent, "answered": answered, "lost": sent - answered - clear, "failed_clearly": clear,
             "committed_txs_lost": None, "forks": None,
             "recover_s": None if None in recovers or not recovers else max(recovers),
