@@ -8,6 +8,7 @@ signalled while its command line still matches what was recorded (pids get reuse
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -87,10 +88,21 @@ class Supervisor:
         (self.root / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
+GROUP_GRACE_S = 5.0  # how long a node's other processes get to stop after the node itself is gone
+KILL_WAIT_S = 2.0  # how long a SIGKILLed process may take to be gone
+
+
 def stop_recorded(root: Path, grace_s: float = 15.0) -> list[str]:
-    """SIGTERM then SIGKILL every recorded process that is still ours; returns names stopped."""
+    """SIGTERM then SIGKILL every recorded process that is still ours, then every process of
+    their groups that outlived them; returns names stopped.
+
+    A node can exit on SIGTERM while a process of its group ignores SIGTERM and stays:
+    multiprocessing's resource tracker, which vLLM starts, does (CI saw four of them outlive a
+    devnet's `down`). The group's members are listed while the node still leads it (its pid,
+    the group's id, cannot have been reused yet) and each is known by its start time."""
     state = _read_state(Path(root))
     live = {name: m for name, m in state.items() if _is_ours(m)}
+    members = {pid: start for m in live.values() for pid, start in _group_members(m["pid"]).items()}
     for m in live.values():
         _signal_group(m["pid"], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -99,6 +111,12 @@ def stop_recorded(root: Path, grace_s: float = 15.0) -> list[str]:
     for m in live.values():
         if _is_ours(m):
             _signal_group(m["pid"], signal.SIGKILL)
+    _wait_gone(members, GROUP_GRACE_S)
+    for pid, start in members.items():
+        if _start_time(pid) == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    _wait_gone(members, KILL_WAIT_S)  # SIGKILL lands when the process next runs, not at kill()
     state_path = Path(root) / STATE_FILE
     if state_path.exists():
         state_path.unlink()
@@ -168,14 +186,44 @@ def _read_state(root: Path) -> dict:
 
 def _is_ours(m: dict) -> bool:
     """True while pid is alive and still runs the recorded command (not a reused pid)."""
+    if _stat_fields(m["pid"]) is None:  # gone, or a zombie: exited, waiting to be reaped
+        return False
     try:
         cmdline = Path(f"/proc/{m['pid']}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{m['pid']}/stat").read_text()
     except OSError:
         return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # zombie: exited, waiting to be reaped
-        return False
     return [c.decode(errors="replace") for c in cmdline if c] == list(m["argv"])
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (field 3 on), or None when gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return None if not fields or fields[0] == "Z" else fields
+
+
+def _start_time(pid: int) -> str | None:
+    """When a live process started (clock ticks since boot): tells it from a later one that got its pid."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
+
+
+def _wait_gone(members: dict[int, str], timeout_s: float) -> None:
+    """Wait until none of `members` (pid: start time) runs any longer, or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_start_time(p) == t for p, t in members.items()):
+        time.sleep(0.05)
+
+
+def _group_members(pgid: int) -> dict[int, str]:
+    """The live processes of process group `pgid`, by pid, with their start times."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) and fields[2] == str(pgid):
+            out[int(entry)] = fields[19]
+    return out
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -64,11 +64,18 @@ async def test_a_node_that_replays_one_reply_becomes_untrusted(tmp_path):
     try:
         await committee.register(replayer, 9003)
         sec = await committee.wait_epochs(4)
-        scores = [s.score_micros for h in sec.history if h.phase == Phase.DONE for s in h.result]
+        scored = [(h.epoch, s.score_micros) for h in sec.history if h.phase == Phase.DONE for s in h.result]
+        scores = [v for _, v in scored]
         assert scores[0] > 0 and scores[1:] and all(v == 0 for v in scores[1:]), scores  # the first is its sample
-        for runner in committee.runners:  # zeroed by the memory of outputs, not by the scoring pass
-            zeroed = [line for line in runner.log if "credibility 0.000 (output replayed from another prompt)" in line]
-            assert len(zeroed) >= len(scores) - 1, runner.log
+        # Zeroed by the memory of outputs, not by the scoring pass: every member's credibility line
+        # of a later epoch says so. A member may miss an epoch (the quorum closes the phase before
+        # its attestation; CI saw one write 2 lines of 3), so the lines are checked per epoch: at
+        # least two (a median of 0 over a quorum of 3 needs two zeros), all of them saying why.
+        replayed = "credibility 0.000 (output replayed from another prompt)"
+        for epoch, _ in scored[1:]:
+            lines = [line for r in committee.runners for line in r.log
+                     if line.startswith(f"epoch {epoch}: ") and " credibility " in line]
+            assert len(lines) >= 2 and all(replayed in line for line in lines), (epoch, lines)
         assert not committee.model(replayer).trusted
     finally:
         await committee.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -46,3 +47,22 @@ def test_port_blocks_are_drawn_outside_the_kernels_ephemeral_range(monkeypatch):
     assert all(not (low <= b + i <= high) for b in bases for i in range(4)), (low, high, bases)
     monkeypatch.setattr(supervisor, "ephemeral_ports", lambda: (1024, 60999))  # no room below: above
     assert all(supervisor.free_port_block(2) > 60999 for _ in range(10))
+
+
+@pytest.mark.network
+def test_a_process_of_a_nodes_group_that_ignores_sigterm_is_stopped_too(tmp_path):
+    """The node exits on SIGTERM; a process it started ignores SIGTERM (as multiprocessing's
+    resource tracker, which vLLM starts, does: CI saw four outlive a devnet's `down`). It used to
+    be left running, since only a node still alive after the grace got SIGKILL."""
+    sup = Supervisor(tmp_path)
+    child = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "print('child up', flush=True); time.sleep(120)")
+    parent = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+              "print('child', c.pid, flush=True); time.sleep(120)")
+    sup.spawn("parent", [sys.executable, "-c", parent])
+    log = tmp_path / "logs" / "parent.log"
+    wait_until(lambda: b"child up" in log.read_bytes(), 20, "the child's start")
+    child_pid = int(re.search(r"child (\d+)", log.read_text()).group(1))
+    assert supervisor._start_time(child_pid) is not None
+    assert stop_recorded(tmp_path, grace_s=5) == ["parent"]
+    assert supervisor._start_time(child_pid) is None  # gone (or a zombie waiting for its reaper)
